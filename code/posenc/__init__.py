@@ -1,0 +1,48 @@
+"""posenc: positional encodings for Transformers, the code of *Positional Encoding: an executable textbook*.
+
+Shape legend (used in every docstring of the package):
+
+    B  batch size
+    H  attention heads
+    T  query length (tokens whose outputs are computed)
+    S  key/value length (tokens attended to; S == T without a cache)
+    D  head dimension
+    C  model width (d_model = H * D)
+    N  number of positions in a table
+    V  vocabulary size
+
+Conventions:
+
+* Positions are integer indices starting at 0.
+* Relative position is ``key_position - query_position`` everywhere
+  (negative for keys in the past).
+* Boolean masks mark what is *removed*: ``key_padding_mask[b, s] is True``
+  means key ``s`` of batch row ``b`` is padding (the ``torch.nn.MultiheadAttention``
+  convention; a Hugging Face ``attention_mask`` is its logical negation).
+
+Where position enters a model (see :mod:`posenc.method`):
+
+1. added to (or multiplied into) the token embeddings, before the first layer;
+2. a transform of queries and keys inside every attention layer;
+3. a bias on the attention logits inside every attention layer.
+"""
+
+from posenc.attention import SelfAttention, attention, causal_mask
+from posenc.method import METHODS, NoPE, PositionMethod, build_method, register_method
+from posenc import naive  # noqa: F401  (registers the naive methods)
+from posenc.lm import LMConfig, TinyLM
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "METHODS",
+    "LMConfig",
+    "NoPE",
+    "PositionMethod",
+    "SelfAttention",
+    "TinyLM",
+    "attention",
+    "build_method",
+    "causal_mask",
+    "register_method",
+]

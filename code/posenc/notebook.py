@@ -1,0 +1,85 @@
+"""Helpers for running the book's chapters as notebooks, with or without the book toolchain.
+
+The chapters put computed numbers and figures into the prose with MyST-NB's ``glue``. A learner
+who opens a chapter in plain Jupyter or Colab may not have MyST-NB installed; :func:`glue` then
+simply displays the value, so every number and figure is still visible.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def glue(name: str, value: Any, display: bool = False) -> Any:
+    """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:figure}`` in the book, and return it.
+
+    With MyST-NB installed this is ``myst_nb.glue`` (by default not displayed in the cell, since
+    the prose shows it). Without it, the value is displayed in the cell output instead. A
+    matplotlib figure is closed afterwards so that Jupyter's inline backend does not draw it twice.
+
+    Args:
+        name: key referenced from the Markdown, e.g. ``{glue:}`name```.
+        value: a number, string or matplotlib figure.
+        display: also display the value in the cell output when MyST-NB is installed.
+
+    Raises:
+        ValueError: if ``name`` is empty or contains whitespace.
+    """
+    if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
+        raise ValueError(f"name must be a non-empty string without whitespace, got {name!r}")
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        myst_glue = None
+    if myst_glue is not None:
+        myst_glue(name, value, display=display)
+    else:
+        from IPython.display import display as ipy_display
+
+        ipy_display(value)
+    if type(value).__name__ == "Figure" and type(value).__module__.startswith("matplotlib"):
+        import matplotlib.pyplot as plt
+
+        plt.close(value)
+    return value
+
+
+def claims_table(path: str | None = None, prefix: str = ""):
+    """The claims ledger (``book/claims.yml``) as a Markdown table, optionally only ids starting with ``prefix``.
+
+    Args:
+        path: the ledger file; default ``claims.yml`` in the working directory (a chapter run from
+            ``book/``) or else ``book/claims.yml`` (run from the repository root).
+        prefix: keep only entries whose ``id`` starts with it, e.g. ``"ch01-"``.
+
+    Returns:
+        An ``IPython.display.Markdown`` object (rendered by Jupyter and by the book).
+
+    Raises:
+        FileNotFoundError: if no ledger is found.
+        ValueError: if no entry matches ``prefix``.
+    """
+    from pathlib import Path
+
+    import yaml
+    from IPython.display import Markdown
+
+    candidates = [Path(path)] if path else [Path("claims.yml"), Path("book") / "claims.yml"]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"no claims ledger at {', '.join(map(str, candidates))}")
+    entries = [e for e in yaml.safe_load(found.read_text(encoding="utf-8")) if e["id"].startswith(prefix)]
+    if not entries:
+        raise ValueError(f"no claim id starts with prefix={prefix!r} in {found}")
+
+    def cell(text) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    rows = ["| id | source | claim | verdict | what is true | evidence |", "| --- | --- | --- | --- | --- | --- |"]
+    for e in entries:
+        evidence = e["evidence"] if isinstance(e["evidence"], list) else [e["evidence"]]
+        refs = "; ".join(f"`{ref}`" for ref in evidence)
+        rows.append(
+            f"| {cell(e['id'])} | {cell(e['source'])} | {cell(e['claim'])} | **{e['verdict']}** | {cell(e['note'])} | {refs} |"
+        )
+    return Markdown("\n".join(rows))

@@ -1,0 +1,208 @@
+"""Training loop and the evaluation every experiment of the book reports.
+
+:func:`train` is AdamW with linear warmup and cosine decay (:func:`lr_at`), gradient clipping and
+a seeded data order; nothing global is read or set, so the same call works inside ``torchrun``.
+:func:`evaluate` returns the loss **at every token position** of windows of a given length, and
+:func:`evaluate_lengths` does so for several lengths: the diagnostic curves of length
+extrapolation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch import Tensor, nn
+from tqdm.std import tqdm
+
+from posenc.data import eval_windows, random_batch
+from posenc.lm import next_token_loss
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of :func:`train`."""
+
+    steps: int = 300  # optimiser steps
+    batch_size: int = 16  # B: windows per step
+    seq_len: int = 128  # T: training context length
+    lr: float = 3e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # final learning rate = min_lr_ratio * lr
+    warmup_steps: int = 30  # linear warmup from lr / warmup_steps to lr
+    weight_decay: float = 0.1  # AdamW decoupled weight decay, on matrices only
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
+    grad_clip: float = 1.0  # max global gradient norm (0 disables clipping)
+    seed: int = 0  # seed of the data order
+    progress: bool = True  # show a tqdm progress bar
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.warmup_steps, int) or not 0 <= self.warmup_steps <= self.steps:
+            raise ValueError(f"TrainConfig.warmup_steps must be an int in 0..steps={self.steps}, got {self.warmup_steps!r}")
+        if not self.lr > 0:
+            raise ValueError(f"TrainConfig.lr must be > 0, got {self.lr!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.grad_clip < 0:
+            raise ValueError(f"TrainConfig.grad_clip must be >= 0, got {self.grad_clip!r}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate at optimiser step ``step`` (0-based).
+
+    ``lr * (step + 1) / warmup_steps`` during warmup, then cosine decay from ``lr`` at the end
+    of warmup to ``min_lr_ratio * lr`` at the last step.
+
+    Raises:
+        ValueError: if ``step`` is outside ``0 .. cfg.steps - 1``.
+    """
+    if not 0 <= step < cfg.steps:
+        raise ValueError(f"step must be in 0..{cfg.steps - 1}, got {step}")
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay_steps = cfg.steps - cfg.warmup_steps
+    progress = 0.0 if decay_steps <= 1 else (step - cfg.warmup_steps) / (decay_steps - 1)
+    min_lr = cfg.min_lr_ratio * cfg.lr
+    return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` recorded."""
+
+    losses: list[float] = field(default_factory=list)  # training loss (nats/token) at every step
+    lrs: list[float] = field(default_factory=list)  # learning rate used at every step
+    seconds: float = 0.0  # wall-clock time of the loop
+
+    def smoothed(self, window: int = 20) -> list[float]:
+        """Running mean of the training loss over the last ``window`` steps.
+
+        Raises:
+            ValueError: if ``window`` is not a positive int.
+        """
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be a positive int, got {window!r}")
+        out, total = [], 0.0
+        for i, loss in enumerate(self.losses):
+            total += loss - (self.losses[i - window] if i >= window else 0.0)
+            out.append(total / min(i + 1, window))
+        return out
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def train(model: nn.Module, data: Tensor, cfg: TrainConfig) -> TrainResult:
+    """Train ``model`` on random windows of ``data`` for next-token prediction.
+
+    Runs on the model's device. With the same model initialisation, data and ``cfg`` the run is
+    bit-for-bit repeatable on CPU.
+
+    Args:
+        model: a :class:`~posenc.lm.TinyLM` (any module mapping ``(B, T)`` ids to ``(B, T, V)`` logits).
+        data: ``(N,)`` token ids (e.g. ``load_stdlib_corpus().train``).
+        cfg: hyper-parameters.
+
+    Returns:
+        The per-step losses and learning rates. The model is left in eval mode.
+
+    Raises:
+        ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``.
+    """
+    max_len = getattr(getattr(model, "config", None), "max_len", None)
+    if max_len is not None and cfg.seq_len > max_len:
+        raise ValueError(f"cfg.seq_len={cfg.seq_len} exceeds the model's max_len={max_len}")
+    device = _device_of(model)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=cfg.betas,
+    )
+    result = TrainResult()
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(range(cfg.steps), disable=not cfg.progress, desc="train", leave=False)
+    for step in bar:
+        lr = lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
+        loss = next_token_loss(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        result.losses.append(loss.item())
+        result.lrs.append(lr)
+        if cfg.progress and step % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    result.seconds = time.perf_counter() - start
+    model.eval()
+    return result
+
+
+@dataclass
+class EvalResult:
+    """Loss of a model on windows of one length."""
+
+    seq_len: int  # T: window length
+    num_windows: int  # windows averaged
+    loss_per_position: Tensor  # (T,) mean loss (nats) of the prediction made at each position
+
+    @property
+    def loss(self) -> float:
+        """Mean loss over all positions (nats/token)."""
+        return float(self.loss_per_position.mean())
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: Tensor, seq_len: int, *, num_windows: int = 32, batch_size: int = 16
+) -> EvalResult:
+    """Loss at every position of ``num_windows`` evenly spaced windows of length ``seq_len``.
+
+    Args:
+        model: maps ``(B, T)`` ids to ``(B, T, V)`` logits; run on its own device in eval mode.
+        data: ``(N,)`` token ids (e.g. the validation split).
+        seq_len: window length ``T``; may exceed the training length (extrapolation).
+        num_windows: number of windows averaged (deterministic positions in ``data``).
+        batch_size: windows per forward pass.
+
+    Returns:
+        :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)``.
+
+    Raises:
+        ValueError: if ``data`` is too short, or from the model if ``seq_len`` is beyond what its
+        position method covers.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    device = _device_of(model)
+    was_training = model.training
+    model.eval()
+    x_all, y_all = eval_windows(data, seq_len, num_windows)
+    total = torch.zeros(seq_len, dtype=torch.float64)
+    try:
+        for i in range(0, num_windows, batch_size):
+            x, y = x_all[i : i + batch_size].to(device), y_all[i : i + batch_size].to(device)
+            total += next_token_loss(model(x), y, reduction="none").sum(0).double().cpu()  # (T,)
+    finally:
+        model.train(was_training)
+    return EvalResult(seq_len=seq_len, num_windows=num_windows, loss_per_position=(total / num_windows).float())
+
+
+def evaluate_lengths(
+    model: nn.Module, data: Tensor, lengths: Iterable[int], *, num_windows: int = 32, batch_size: int = 16
+) -> dict[int, EvalResult]:
+    """:func:`evaluate` at each window length in ``lengths`` (e.g. 1x, 2x, 4x the training length)."""
+    return {int(n): evaluate(model, data, int(n), num_windows=num_windows, batch_size=batch_size) for n in lengths}

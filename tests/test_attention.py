@@ -1,0 +1,234 @@
+"""Tests of posenc.attention: the two backends, masks, the symmetry of attention, validation."""
+
+import math
+
+import pytest
+import torch
+
+from posenc.attention import SelfAttention, attention, causal_mask
+from posenc.method import NoPE, PositionMethod
+
+TOL = {torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=1e-5, rtol=1e-5)}
+
+
+def qkv(B=2, H=3, T=5, S=7, D=8, Dv=None, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype).to(device)  # noqa: E731
+    return make(B, H, T, D), make(B, H, S, D), make(B, H, S, Dv or D)
+
+
+def naive_attention(q, k, v, bias=None, mask=None):
+    """Independent formulation: explicit loops over batch, head and query."""
+    B, H, T, D = q.shape
+    out = torch.zeros(B, H, T, v.shape[-1], dtype=q.dtype)
+    if bias is not None:
+        bias = bias.expand(B, H, T, k.shape[2])
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                logits = [
+                    float(q[b, h, t] @ k[b, h, s]) / math.sqrt(D) + (0.0 if bias is None else float(bias[b, h, t, s]))
+                    for s in range(k.shape[2])
+                ]
+                keep = [mask is None or not bool(mask[b, h, t, s]) for s in range(k.shape[2])]
+                if not any(keep):
+                    continue
+                m = max(x for x, kp in zip(logits, keep) if kp)
+                w = [math.exp(x - m) if kp else 0.0 for x, kp in zip(logits, keep)]
+                z = sum(w)
+                for s, ws in enumerate(w):
+                    out[b, h, t] += ws / z * v[b, h, s].cpu()
+    return out
+
+
+def test_causal_mask_frozen_values():
+    expected = torch.tensor([[False, False, True, True], [False, False, False, True], [False, False, False, False]])
+    assert torch.equal(causal_mask(3, 4), expected)
+    assert torch.equal(causal_mask(3, 3), torch.triu(torch.ones(3, 3, dtype=torch.bool), diagonal=1))
+
+
+@pytest.mark.parametrize("t,s", [(0, 3), (4, 3)])
+def test_causal_mask_rejects_bad_sizes(t, s):
+    with pytest.raises(ValueError, match="1 <= t <= s"):
+        causal_mask(t, s)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_reference_matches_naive_loops(causal, with_bias, with_padding):
+    q, k, v = qkv(T=4, S=6)
+    bias = torch.randn(1, 3, 4, 6, dtype=torch.float64) if with_bias else None
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, :2] = True
+    mask = torch.zeros(2, 3, 4, 6, dtype=torch.bool)
+    if causal:
+        mask |= causal_mask(4, 6)
+    if with_padding:
+        mask |= pad[:, None, None, :]
+    out = attention(q, k, v, bias=bias, causal=causal, key_padding_mask=pad if with_padding else None)
+    torch.testing.assert_close(out, naive_attention(q, k, v, bias, mask), **TOL[torch.float64])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T,S", [(5, 5), (3, 7), (1, 6)])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_padding", [False, True])
+def test_backends_agree(device, dtype, causal, T, S, with_bias, with_padding):
+    q, k, v = qkv(T=T, S=S, Dv=5, dtype=dtype, device=device)
+    bias = torch.randn(2, 1, T, S, dtype=dtype).to(device) if with_bias else None
+    pad = None
+    if with_padding:
+        pad = torch.zeros(2, S, dtype=torch.bool, device=device)
+        pad[0, -2:] = True
+    kw = dict(bias=bias, causal=causal, key_padding_mask=pad)
+    ref = attention(q, k, v, backend="reference", **kw)
+    fast = attention(q, k, v, backend="sdpa", **kw)
+    assert ref.shape == fast.shape == (2, 3, T, 5)
+    torch.testing.assert_close(ref, fast, **TOL[dtype])
+
+
+def test_weights_are_a_distribution_and_reproduce_output():
+    q, k, v = qkv()
+    out, w = attention(q, k, v, causal=True, return_weights=True)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 5, dtype=torch.float64))
+    assert (w[..., causal_mask(5, 7)] == 0).all()
+    torch.testing.assert_close(out, w @ v)
+
+
+def test_fully_masked_query_gives_zero_not_nan(device):
+    q, k, v = qkv(T=3, S=3, device=device)
+    pad = torch.zeros(2, 3, dtype=torch.bool, device=device)
+    pad[1, 0] = True  # with causal, query 0 of row 1 sees nothing
+    for backend in ("reference", "sdpa"):
+        out = attention(q, k, v, causal=True, key_padding_mask=pad, backend=backend)
+        assert torch.isfinite(out).all()
+        assert (out[1, :, 0] == 0).all()
+    q.requires_grad_(True)
+    attention(q, k, v, causal=True, key_padding_mask=pad).sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+def test_custom_scale():
+    q, k, v = qkv()
+    torch.testing.assert_close(attention(q, k, v, scale=1.0), attention(q * math.sqrt(8), k, v))
+    torch.testing.assert_close(attention(q, k, v, scale=0.5, backend="sdpa"), attention(q, k, v, scale=0.5))
+
+
+def test_half_precision_reference_computes_in_fp32():
+    q, k, v = qkv(dtype=torch.float32)
+    out = attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), attention(q, k, v), atol=5e-2, rtol=5e-2)
+
+
+def test_bias_shifts_attention():
+    q, k, v = qkv(T=1, S=2)
+    bias = torch.tensor([0.0, -1e9], dtype=torch.float64)  # remove key 1
+    out = attention(q, k, v, bias=bias)
+    torch.testing.assert_close(out, v[:, :, :1].expand_as(out))
+
+
+def test_permutation_equivariance_without_mask():
+    """Attention without position is permutation-equivariant: attention(P X) = P attention(X)."""
+    q, k, v = qkv(T=6, S=6)
+    perm = torch.randperm(6, generator=torch.Generator().manual_seed(1))
+    out = attention(q, k, v)
+    out_perm = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm])
+    torch.testing.assert_close(out_perm, out[:, :, perm])
+    assert not torch.allclose(out_perm, out)  # the outputs move with the inputs: not invariant
+
+
+def test_causal_attention_is_not_equivariant_but_prefix_invariant():
+    q, k, v = qkv(T=6, S=6)
+    perm = torch.tensor([3, 1, 0, 2, 4, 5])  # shuffles the prefix of position 4
+    out = attention(q, k, v, causal=True)
+    out_perm = attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], causal=True)
+    assert not torch.allclose(out_perm, out[:, :, perm])
+    torch.testing.assert_close(out_perm[:, :, 4:], out[:, :, 4:])  # tokens 4, 5 see the same set
+
+
+def test_validation_messages():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        attention(q.numpy(), k, v)
+    with pytest.raises(TypeError, match="k must be a floating-point"):
+        attention(q, k.long(), v)
+    with pytest.raises(ValueError, match=r"v must have shape \(B, H, L, D\)"):
+        attention(q, k, v[0])
+    with pytest.raises(TypeError, match="share a dtype"):
+        attention(q, k.float(), v)
+    with pytest.raises(ValueError, match=r"agree on \(B, H\).*q \(2, 3, 5, 8\), k \(2, 2, 7, 8\)"):
+        attention(q, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match="share the head dim D"):
+        attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="share the key length S"):
+        attention(q, k, v[:, :, :3])
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attention(q, k, v, backend="flash")
+    with pytest.raises(ValueError, match="causal attention needs T <= S"):
+        attention(k, q, q, causal=True)
+    with pytest.raises(TypeError, match="bias must be a floating-point"):
+        attention(q, k, v, bias=torch.ones(5, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"does not broadcast to \(B, H, T, S\)"):
+        attention(q, k, v, bias=torch.ones(5, 6, dtype=torch.float64))
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor.*attention_mask == 0"):
+        attention(q, k, v, key_padding_mask=torch.ones(2, 7))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, S\)"):
+        attention(q, k, v, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="return_weights=True needs backend='reference'"):
+        attention(q, k, v, backend="sdpa", return_weights=True)
+
+
+class Recorder(PositionMethod):
+    """Adds a bias on the logits and scales queries; records what it was called with."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def transform_qk(self, q, k, q_positions, k_positions, layer):
+        self.calls.append(("qk", layer, q_positions.tolist()))
+        return 2 * q, k
+
+    def attention_bias(self, q, k, q_positions, k_positions, layer):
+        self.calls.append(("bias", layer, k_positions.tolist()))
+        rel = (k_positions[None, :] - q_positions[:, None]).to(q.dtype)  # key - query
+        return -0.5 * rel.abs()
+
+
+def test_self_attention_uses_method_hooks(device):
+    torch.manual_seed(0)
+    layer = SelfAttention(16, 4, backend="reference").to(device).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64, device=device)
+    pos = torch.arange(5, device=device)
+    rec = Recorder()
+    y = layer(x, pos, rec, layer=3)
+    assert [c[:2] for c in rec.calls] == [("qk", 3), ("bias", 3)]
+    # the same computation by hand
+    q, k, v = layer.qkv(x).split(16, dim=2)
+    q, k, v = (z.view(2, 5, 4, 4).transpose(1, 2) for z in (q, k, v))
+    rel = (pos[None, :] - pos[:, None]).double()
+    ref = attention(2 * q, k, v, bias=-0.5 * rel.abs(), causal=True)
+    torch.testing.assert_close(y, layer.proj(ref.transpose(1, 2).reshape(2, 5, 16)))
+    # backends agree through the module, and NoPE is the identity hook
+    fast = SelfAttention(16, 4, backend="sdpa").to(device).double()
+    fast.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(fast(x, pos, rec), y)
+    y_nope, w = layer(x, pos, NoPE(), return_weights=True)
+    assert w.shape == (2, 4, 5, 5)
+
+
+def test_self_attention_validation():
+    with pytest.raises(ValueError, match="n_head must be a positive divisor of d_model=10"):
+        SelfAttention(10, 4)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        SelfAttention(8, 2, backend="xformers")
+    layer = SelfAttention(8, 2)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, C\)"):
+        layer(torch.randn(3, 8), torch.arange(3), NoPE())
+    with pytest.raises(ValueError, match="positions has 4 entries but x has T=3"):
+        layer(torch.randn(1, 3, 8), torch.arange(4), NoPE())
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        layer(torch.randn(1, 3, 8), torch.arange(3.0), NoPE())

@@ -1,0 +1,61 @@
+"""Tests of posenc.notebook: glue with and without MyST-NB, and the claims table."""
+
+import builtins
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posenc.notebook import claims_table, glue
+
+LEDGER = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
+
+
+def test_glue_returns_value_and_validates_name():
+    assert glue("a-number", 3.5) == 3.5
+    with pytest.raises(ValueError, match="name must be a non-empty string without whitespace, got 'a b'"):
+        glue("a b", 1)
+    with pytest.raises(ValueError, match="got ''"):
+        glue("", 1)
+
+
+def test_glue_without_myst_nb_displays_the_value(monkeypatch):
+    shown = []
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "myst_nb":
+            raise ImportError("no myst_nb")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    monkeypatch.setattr("IPython.display.display", lambda value: shown.append(value))
+    assert glue("x", 42) == 42
+    assert shown == [42]
+
+
+def test_glue_closes_matplotlib_figures():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    glue("fig-test", fig)
+    assert not plt.fignum_exists(fig.number)
+
+
+def test_claims_table_renders_every_matching_entry():
+    entries = yaml.safe_load(LEDGER.read_text())
+    table = claims_table(str(LEDGER), prefix="ch01-").data
+    rows = [line for line in table.splitlines()[2:]]
+    assert len(rows) == sum(e["id"].startswith("ch01-") for e in entries)
+    assert all(row.count(" | ") == 5 for row in rows)
+    assert "**false**" in table and "**conditional**" in table and "**holds**" in table
+
+
+def test_claims_table_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no claims ledger at"):
+        claims_table(str(tmp_path / "missing.yml"))
+    with pytest.raises(ValueError, match="no claim id starts with prefix='zz-'"):
+        claims_table(str(LEDGER), prefix="zz-")

@@ -1,0 +1,298 @@
+"""Tests of posenc.train: the learning-rate schedule, the training loop and the evaluation."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from posenc.data import eval_windows
+from posenc.lm import LMConfig, TinyLM, next_token_loss
+from posenc.naive import BinaryPE
+from posenc.train import EvalResult, TrainConfig, TrainResult, evaluate, evaluate_lengths, lr_at, train
+
+TINY = dict(d_model=32, n_layer=1, n_head=2, max_len=32)
+
+
+def tiny_lm(position="nope") -> TinyLM:
+    return TinyLM(LMConfig(**TINY), position)
+
+
+def random_bytes(n: int = 2000, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).to(torch.uint8)
+
+
+def repetitive_bytes() -> torch.Tensor:
+    return torch.tensor(list(b"abcd" * 500), dtype=torch.uint8)
+
+
+def quick_cfg(**kwargs) -> TrainConfig:
+    return TrainConfig(**(dict(steps=8, batch_size=4, seq_len=16, warmup_steps=2, progress=False) | kwargs))
+
+
+# --- TrainConfig ---------------------------------------------------------------------------------
+
+
+def test_train_config_defaults_are_valid():
+    cfg = TrainConfig()
+    assert cfg.steps == 300 and cfg.warmup_steps == 30 and 0 < cfg.min_lr_ratio < 1
+    TrainConfig(steps=5, warmup_steps=0)
+    TrainConfig(steps=5, warmup_steps=5, min_lr_ratio=0.0, grad_clip=0.0)
+    TrainConfig(steps=5, warmup_steps=5, min_lr_ratio=1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(steps=0), "TrainConfig.steps must be a positive int, got 0"),
+        (dict(steps=10.0), r"TrainConfig.steps must be a positive int, got 10\.0"),
+        (dict(batch_size=True), "TrainConfig.batch_size must be a positive int, got True"),
+        (dict(seq_len=-4), "TrainConfig.seq_len must be a positive int, got -4"),
+        (dict(steps=10, warmup_steps=11), r"TrainConfig.warmup_steps must be an int in 0..steps=10, got 11"),
+        (dict(steps=10, warmup_steps=-1), r"TrainConfig.warmup_steps must be an int in 0..steps=10, got -1"),
+        (dict(steps=10, warmup_steps=2.0), r"TrainConfig.warmup_steps must be an int in 0..steps=10, got 2\.0"),
+        (dict(lr=0.0), r"TrainConfig.lr must be > 0, got 0\.0"),
+        (dict(lr=float("nan")), "TrainConfig.lr must be > 0, got nan"),
+        (dict(min_lr_ratio=1.5), r"TrainConfig.min_lr_ratio must be in \[0, 1\], got 1\.5"),
+        (dict(min_lr_ratio=-0.1), r"TrainConfig.min_lr_ratio must be in \[0, 1\], got -0\.1"),
+        (dict(grad_clip=-1.0), r"TrainConfig.grad_clip must be >= 0, got -1\.0"),
+    ],
+)
+def test_train_config_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**kwargs)
+
+
+# --- lr_at ---------------------------------------------------------------------------------------
+
+
+def closed_form_lr(step: int, steps: int, warmup: int, lr: float, ratio: float) -> float:
+    """Warmup then cosine decay, written as cos^2 (0.5 * (1 + cos x) = cos^2(x / 2))."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    span = steps - warmup - 1
+    frac = (step - warmup) / span if span > 0 else 0.0
+    return ratio * lr + (1 - ratio) * lr * math.cos(math.pi * frac / 2) ** 2
+
+
+@pytest.mark.parametrize(
+    "steps, warmup, lr, ratio", [(100, 10, 3e-3, 0.1), (101, 10, 1.0, 0.0), (7, 0, 0.5, 0.5), (5, 5, 2.0, 0.1)]
+)
+def test_lr_at_matches_closed_form(steps, warmup, lr, ratio):
+    cfg = TrainConfig(steps=steps, warmup_steps=warmup, lr=lr, min_lr_ratio=ratio)
+    for step in range(steps):
+        assert lr_at(step, cfg) == pytest.approx(closed_form_lr(step, steps, warmup, lr, ratio), rel=1e-12, abs=1e-15)
+
+
+def test_lr_at_frozen_values():
+    cfg = TrainConfig(steps=101, warmup_steps=10, lr=1.0, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1)  # lr / warmup_steps at the first step
+    assert lr_at(4, cfg) == pytest.approx(0.5)
+    assert lr_at(9, cfg) == pytest.approx(1.0)  # last warmup step reaches the peak
+    assert lr_at(10, cfg) == pytest.approx(1.0)  # decay starts at the peak
+    assert lr_at(55, cfg) == pytest.approx(0.55)  # half-way through the decay: mean of peak and floor
+    assert lr_at(100, cfg) == pytest.approx(0.1)  # last step: min_lr_ratio * lr
+
+
+def test_lr_at_shape_of_the_schedule():
+    cfg = TrainConfig(steps=60, warmup_steps=12, lr=3e-3, min_lr_ratio=0.2)
+    lrs = [lr_at(s, cfg) for s in range(cfg.steps)]
+    warm, decay = lrs[:12], lrs[12:]
+    assert all(a < b for a, b in zip(warm, warm[1:]))
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert max(lrs) == pytest.approx(cfg.lr) and min(lrs[12:]) == pytest.approx(0.2 * cfg.lr)
+    assert all(0 < v <= cfg.lr * (1 + 1e-12) for v in lrs)  # lr * 12 / 12 may round one ulp up
+
+
+def test_lr_at_edge_configurations():
+    assert lr_at(0, TrainConfig(steps=1, warmup_steps=0, lr=0.5)) == pytest.approx(0.5)
+    flat = TrainConfig(steps=20, warmup_steps=0, lr=0.5, min_lr_ratio=1.0)
+    assert [lr_at(s, flat) for s in range(20)] == pytest.approx([0.5] * 20)
+    all_warmup = TrainConfig(steps=4, warmup_steps=4, lr=1.0)
+    assert [lr_at(s, all_warmup) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+
+
+@pytest.mark.parametrize("step", [-1, 10, 11])
+def test_lr_at_rejects_steps_outside_the_run(step):
+    with pytest.raises(ValueError, match=rf"step must be in 0..9, got {step}"):
+        lr_at(step, TrainConfig(steps=10, warmup_steps=2))
+
+
+# --- TrainResult ---------------------------------------------------------------------------------
+
+
+def naive_running_mean(values, window):
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+@pytest.mark.parametrize("window", [1, 3, 20, 100])
+def test_smoothed_matches_naive_running_mean(window):
+    losses = torch.rand(57, generator=torch.Generator().manual_seed(0), dtype=torch.float64).mul(5).tolist()
+    got = TrainResult(losses=losses).smoothed(window)
+    torch.testing.assert_close(
+        torch.tensor(got, dtype=torch.float64), torch.tensor(naive_running_mean(losses, window), dtype=torch.float64),
+        rtol=1e-12, atol=1e-12,
+    )
+
+
+def test_smoothed_frozen_values_and_default_window():
+    assert TrainResult(losses=[1.0, 3.0, 5.0, 7.0]).smoothed(2) == pytest.approx([1.0, 2.0, 4.0, 6.0])
+    assert TrainResult(losses=[]).smoothed() == []
+    losses = list(map(float, range(30)))
+    assert TrainResult(losses=losses).smoothed() == pytest.approx(naive_running_mean(losses, 20))
+
+
+@pytest.mark.parametrize("window", [0, -1])
+def test_smoothed_rejects_a_non_positive_window(window):
+    # Regression test: window=0 once died with ZeroDivisionError and window=-1 with IndexError.
+    with pytest.raises(ValueError, match="window"):
+        TrainResult(losses=[1.0, 2.0, 3.0]).smoothed(window)
+
+
+# --- train ---------------------------------------------------------------------------------------
+
+
+def test_train_is_bit_for_bit_repeatable_on_cpu():
+    data, cfg = random_bytes(), quick_cfg()
+    a, b = tiny_lm(), tiny_lm()
+    ra, rb = train(a, data, cfg), train(b, data, cfg)
+    assert ra.losses == rb.losses  # exact float equality
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), name
+    assert len(ra.losses) == cfg.steps and all(math.isfinite(v) for v in ra.losses)
+    assert ra.lrs == [lr_at(s, cfg) for s in range(cfg.steps)]
+    assert ra.seconds > 0
+
+
+def test_train_seed_changes_the_data_order():
+    data = random_bytes()
+    ra = train(tiny_lm(), data, quick_cfg(seed=0))
+    rb = train(tiny_lm(), data, quick_cfg(seed=1))
+    assert ra.losses != rb.losses
+
+
+def test_train_changes_the_parameters():
+    model, before = tiny_lm(), tiny_lm()
+    train(model, random_bytes(), quick_cfg(steps=3))
+    assert not torch.equal(model.tok.weight, before.tok.weight)
+
+
+def test_train_reduces_loss_on_an_easy_sequence(device):
+    model = tiny_lm().to(device)
+    cfg = quick_cfg(steps=40, warmup_steps=4, lr=1e-2)
+    result = train(model, repetitive_bytes(), cfg)
+    smooth = result.smoothed(5)
+    assert result.losses[0] > 4.0  # about ln(256) = 5.5 at initialisation
+    assert smooth[-1] < 0.5 * result.losses[0]
+    assert next(model.parameters()).device.type == device.type
+    after = evaluate(model, repetitive_bytes(), 16, num_windows=4)
+    assert after.loss < 0.5 * result.losses[0]
+
+
+def test_train_accepts_any_logits_module():
+    class Bigram(nn.Module):  # no ``config``: no max_len check
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.table = nn.Embedding(256, 256)
+
+        def forward(self, idx):
+            return self.table(idx)  # (B, T, V)
+
+    result = train(Bigram(), repetitive_bytes(), quick_cfg(steps=20, lr=5e-2, weight_decay=0.0))
+    assert result.losses[-1] < result.losses[0]
+
+
+def test_train_rejects_seq_len_beyond_max_len():
+    with pytest.raises(ValueError, match=r"cfg.seq_len=33 exceeds the model's max_len=32"):
+        train(tiny_lm(), random_bytes(), quick_cfg(seq_len=33))
+
+
+def test_train_rejects_data_too_short():
+    with pytest.raises(ValueError, match="data has 10 tokens; a window of seq_len=16 needs 17"):
+        train(tiny_lm(), random_bytes(10), quick_cfg())
+
+
+# --- evaluate ------------------------------------------------------------------------------------
+
+
+def test_evaluate_shapes_and_mean(device):
+    model = tiny_lm().to(device)
+    res = evaluate(model, random_bytes(), 16, num_windows=6, batch_size=4)
+    assert isinstance(res, EvalResult)
+    assert res.seq_len == 16 and res.num_windows == 6
+    assert res.loss_per_position.shape == (16,) and res.loss_per_position.dtype == torch.float32
+    assert res.loss_per_position.device.type == "cpu"
+    assert isinstance(res.loss, float)
+    assert res.loss == pytest.approx(float(res.loss_per_position.double().mean()), rel=1e-6)
+    assert res.loss == pytest.approx(math.log(256), rel=0.05)  # an untrained byte model is near uniform
+
+
+def test_evaluate_matches_hand_computation(device):
+    model = tiny_lm().double().to(device)
+    data, T, n = random_bytes(1500, seed=3), 20, 7
+    res = evaluate(model, data, T, num_windows=n, batch_size=3)  # batches of 3, 3, 1
+    x, y = eval_windows(data, T, n, device=device)
+    with torch.no_grad():
+        expected = next_token_loss(model(x), y, reduction="none").mean(0).cpu()  # (T,)
+    torch.testing.assert_close(res.loss_per_position, expected.float(), rtol=1e-6, atol=1e-6)
+    assert res.loss == pytest.approx(float(expected.mean()), rel=1e-6)
+
+
+def test_evaluate_does_not_depend_on_batch_size():
+    model, data = tiny_lm(), random_bytes()
+    a = evaluate(model, data, 16, num_windows=10, batch_size=10)
+    b = evaluate(model, data, 16, num_windows=10, batch_size=3)
+    c = evaluate(model, data, 16, num_windows=10, batch_size=64)
+    torch.testing.assert_close(a.loss_per_position, b.loss_per_position, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a.loss_per_position, c.loss_per_position, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluate_restores_the_training_flag(training):
+    model = tiny_lm()
+    model.train(training)
+    evaluate(model, random_bytes(), 8, num_windows=2)
+    assert model.training is training
+    assert all(m.training is training for m in model.modules())
+
+
+def test_evaluate_restores_the_training_flag_when_the_model_raises():
+    # Regression test: evaluate() once restored the training flag only when the model did not raise.
+    model = TinyLM(LMConfig(d_model=8, n_layer=1, n_head=2, max_len=8), BinaryPE(8, num_bits=3))  # positions 0..7
+    model.train()
+    with pytest.raises(ValueError, match="only covers positions 0..7"):
+        evaluate(model, random_bytes(), 16, num_windows=2)
+    assert model.training
+
+
+def test_evaluate_bad_inputs():
+    model = tiny_lm()
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        evaluate(model, random_bytes(), 8, batch_size=0)
+    with pytest.raises(ValueError, match="data has 8 tokens; a window of seq_len=8 needs 9"):
+        evaluate(model, random_bytes(8), 8)
+
+
+def test_evaluate_lengths_one_result_per_length(device):
+    model = tiny_lm().to(device)
+    data = random_bytes(3000)
+    lengths = [8, 32, 96]  # 96 is beyond max_len=32: fine for NoPE
+    results = evaluate_lengths(model, data, lengths, num_windows=3, batch_size=2)
+    assert list(results) == lengths
+    for n, res in results.items():
+        assert res.seq_len == n and res.num_windows == 3
+        assert res.loss_per_position.shape == (n,)
+        assert torch.isfinite(res.loss_per_position).all()
+    single = evaluate(model, data, 96, num_windows=3, batch_size=2)
+    torch.testing.assert_close(results[96].loss_per_position, single.loss_per_position, rtol=1e-6, atol=1e-6)
+
+
+def test_evaluate_lengths_accepts_any_iterable_of_ints():
+    model = tiny_lm()
+    results = evaluate_lengths(model, random_bytes(), (n for n in (torch.tensor(4), 12)), num_windows=2)
+    assert list(results) == [4, 12] and all(type(k) is int for k in results)
