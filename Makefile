@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHAPTERS := $(sort $(wildcard book/*.ipynb))
 # Two processes share the cores in `make test`; one BLAS/OpenMP thread each avoids oversubscription.
-TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg PYDEVD_DISABLE_FILE_VALIDATION=1
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYDEVD_DISABLE_FILE_VALIDATION=1
 
 .PHONY: book test unit notebooks build-strict env clean
 
@@ -36,9 +36,11 @@ test: $(STAMP)
 	  echo "---- pytest (unit tests + nbval on $(words $(CHAPTERS)) notebooks), exit $$status ----"; tail -n 1 _pytest.log; \
 	  if [ $$status -ne 0 ] || [ $$brc -ne 0 ]; then echo "make test: FAILED"; exit 1; fi
 
-# The book build that fails on any warning or any cell error.
+# The book build that fails on any warning or any cell error, or on a figure rendered as text
+# (which happens when a non-interactive matplotlib backend is forced on the kernel).
 build-strict: $(STAMP)
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@if grep -rl "&lt;Figure size" _build/html --include=*.html; then echo "figures rendered as text (above)"; exit 1; fi
 
 clean:
 	rm -rf _build _build-strict.log _pytest.log .pytest_cache

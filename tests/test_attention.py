@@ -89,6 +89,16 @@ def test_backends_agree(device, dtype, causal, T, S, with_bias, with_padding):
     torch.testing.assert_close(ref, fast, **TOL[dtype])
 
 
+@pytest.mark.parametrize("bias_shape", [(5, 7), (3, 5, 7), (2, 1, 1, 7)])
+def test_backends_agree_for_any_broadcastable_bias_with_masks(bias_shape):
+    q, k, v = qkv()
+    bias = torch.randn(*bias_shape, dtype=torch.float64)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 3:] = True
+    kw = dict(bias=bias, causal=True, key_padding_mask=pad)
+    torch.testing.assert_close(attention(q, k, v, backend="sdpa", **kw), attention(q, k, v, **kw))
+
+
 def test_weights_are_a_distribution_and_reproduce_output():
     q, k, v = qkv()
     out, w = attention(q, k, v, causal=True, return_weights=True)

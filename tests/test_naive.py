@@ -12,7 +12,6 @@ from posenc.naive import (
     IntegerPE,
     NormalizedPE,
     binary_code,
-    bits_needed,
     integer_code,
     normalized_code,
 )
@@ -409,31 +408,3 @@ def test_tiny_lm_runs_with_each_naive_method(device, name):
     logits = model(idx)
     assert logits.shape == (2, 16, 256) and torch.isfinite(logits).all()
     assert not torch.allclose(logits, TinyLM(cfg, "nope").to(device)(idx))  # position changes the output
-
-
-# --- bits_needed ---------------------------------------------------------------------------------
-
-
-def test_bits_needed_frozen_values():
-    assert [bits_needed(n) for n in (1, 2, 3, 4, 5, 8, 9, 128, 129, 65536)] == [1, 1, 2, 2, 3, 3, 4, 7, 8, 16]
-
-
-def test_bits_needed_is_enough_for_binary_code():
-    for n in range(1, 300):
-        k = bits_needed(n)
-        binary_code(torch.tensor([n - 1]), max(k, 1), num_bits=k)  # the largest position fits
-        assert k == 1 or n - 1 >= 2 ** (k - 1)  # and no fewer bits would do
-
-
-def test_bits_needed_matches_int_bit_length():
-    ns = list(range(1, 5000)) + [2**k + d for k in range(13, 63) for d in (-1, 0, 1)]
-    for n in ns:
-        # Regression test: ceil(math.log2(n)) in float64 rounds log2(2**k + 1) to k for k >= 49
-        # (so 2**49 + 1 positions seemed to need 49 bits, not 50); (n - 1).bit_length() is exact.
-        assert bits_needed(n) == max(1, (n - 1).bit_length()), n
-
-
-@pytest.mark.parametrize("n", [0, -4])
-def test_bits_needed_rejects_n_below_one(n):
-    with pytest.raises(ValueError, match=f"n must be an int >= 1, got {n}"):
-        bits_needed(n)

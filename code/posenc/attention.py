@@ -170,7 +170,7 @@ def attention(
         elif attn_mask is None:
             attn_mask = ~mask  # SDPA's bool convention: True = attend
         else:
-            attn_mask = attn_mask.masked_fill(mask, float("-inf"))
+            attn_mask = torch.where(mask, float("-inf"), attn_mask)  # broadcasts bias and mask both ways
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)

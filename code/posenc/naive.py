@@ -210,9 +210,3 @@ def _binary(config) -> PositionMethod:
     # the book uses, and bits above log2(max_len) are never switched on in training.
     return BinaryPE(config.d_model, num_bits=min(config.d_model, 16))
 
-
-def bits_needed(n: int) -> int:
-    """Number of bits needed to write positions ``0 .. n - 1`` (at least 1)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
-    return max(1, (n - 1).bit_length())

@@ -10,12 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 
-def glue(name: str, value: Any, display: bool = False) -> Any:
-    """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:figure}`` in the book, and return it.
+class _Text:
+    """A string whose plain-text display is the string itself (no quotes)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:figure}`` in the book.
 
     With MyST-NB installed this is ``myst_nb.glue`` (by default not displayed in the cell, since
-    the prose shows it). Without it, the value is displayed in the cell output instead. A
-    matplotlib figure is closed afterwards so that Jupyter's inline backend does not draw it twice.
+    the prose shows it). Without it, the value is displayed in the cell output instead. Strings
+    are shown without quotes. A matplotlib figure is closed afterwards so that Jupyter's inline
+    backend does not draw it a second time. Returns ``None``, so a cell ending in ``glue(...)``
+    has no stray output.
 
     Args:
         name: key referenced from the Markdown, e.g. ``{glue:}`name```.
@@ -27,21 +39,21 @@ def glue(name: str, value: Any, display: bool = False) -> Any:
     """
     if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
         raise ValueError(f"name must be a non-empty string without whitespace, got {name!r}")
+    shown = _Text(value) if isinstance(value, str) else value
     try:
         from myst_nb import glue as myst_glue
     except ImportError:
         myst_glue = None
     if myst_glue is not None:
-        myst_glue(name, value, display=display)
+        myst_glue(name, shown, display=display)
     else:
         from IPython.display import display as ipy_display
 
-        ipy_display(value)
+        ipy_display(shown)
     if type(value).__name__ == "Figure" and type(value).__module__.startswith("matplotlib"):
         import matplotlib.pyplot as plt
 
         plt.close(value)
-    return value
 
 
 def claims_table(path: str | None = None, prefix: str = ""):
