@@ -1,0 +1,399 @@
+"""Tests of posenc.analysis: singular values, ranks, best rank-k approximation, Gram, covariance, condition."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from posenc.analysis import (
+    best_rank_k,
+    condition_number,
+    covariance,
+    effective_rank,
+    gram,
+    numerical_rank,
+    singular_values,
+)
+
+FP64 = dict(rtol=1e-10, atol=1e-12)
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+SHAPES = [(12, 7), (7, 12), (9, 9), (1, 5), (5, 1)]
+
+
+def randn(*shape, dtype=torch.float64, device="cpu", seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(device)
+
+
+def low_rank(n, c, r, dtype=torch.float64, seed=0):
+    """A random product U @ V^T of rank r, formed in ``dtype`` (so a float32 table is rounded to float32)."""
+    return randn(n, r, dtype=dtype, seed=seed) @ randn(c, r, dtype=dtype, seed=seed + 1).T  # (n, c)
+
+
+def with_singular_values(n, c, sigma, seed=0):
+    """Q1 diag(sigma) Q2^T from random orthonormal factors: a table with the singular values ``sigma``."""
+    sigma = torch.tensor(sigma, dtype=torch.float64)
+    q1, _ = torch.linalg.qr(randn(n, len(sigma), seed=seed))  # (n, r)
+    q2, _ = torch.linalg.qr(randn(c, len(sigma), seed=seed + 1))  # (c, r)
+    return (q1 * sigma) @ q2.T  # (n, c)
+
+
+def graded(seed=0):
+    """A (12, 7) table with singular values 1, 1e-3, 1e-9 (and four zeros, up to rounding)."""
+    return with_singular_values(12, 7, [1.0, 1e-3, 1e-9], seed)
+
+
+def scaled_signed_permutation():
+    """3 times a signed permutation: every singular value is exactly 3, also in floating point."""
+    p = 3.0 * torch.eye(4, dtype=torch.float64)[torch.tensor([2, 0, 3, 1])]
+    p[1] *= -1
+    return p  # (4, 4)
+
+
+# --- singular values and norms -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_singular_values_match_numpy(device, shape, dtype):
+    p = randn(*shape, dtype=dtype, device=device)
+    s = singular_values(p)
+    assert s.shape == (min(shape),)
+    assert bool((s[:-1] >= s[1:]).all()), "singular values must be in descending order"
+    expected = np.linalg.svd(p.cpu().double().numpy(), compute_uv=False)
+    torch.testing.assert_close(s.cpu(), torch.from_numpy(expected), **FP64)
+
+
+def test_singular_values_frozen_values():
+    torch.testing.assert_close(
+        singular_values(torch.tensor([[3.0, 0.0], [0.0, -4.0], [0.0, 0.0]])),
+        torch.tensor([4.0, 3.0], dtype=torch.float64),
+        **FP64,
+    )
+    assert singular_values(scaled_signed_permutation()).tolist() == [3.0] * 4
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_frobenius_and_spectral_norms_from_singular_values(device, shape):
+    """||P||_F^2 = sum sigma_i^2 (source 000 eq. 6.3.10) and ||P||_2 = sigma_1 (eq. 6.3.11)."""
+    p = randn(*shape, device=device)
+    s = singular_values(p)
+    torch.testing.assert_close(torch.linalg.norm(p, "fro") ** 2, (s**2).sum(), **FP64)
+    torch.testing.assert_close(torch.linalg.norm(p, 2), s[0], **FP64)
+
+
+# --- numerical_rank ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rank", [1, 3, 8])
+@pytest.mark.parametrize("n,c", [(40, 24), (24, 40)])
+def test_numerical_rank_matches_numpy_matrix_rank_on_low_rank_products(dtype, rank, n, c):
+    p = low_rank(n, c, rank, dtype=dtype, seed=rank)
+    assert np.linalg.matrix_rank(p.numpy()) == rank
+    assert numerical_rank(p) == rank
+    # without the tolerance every rounding-sized singular value would count
+    assert numerical_rank(p, rtol=0.0) > rank
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_numerical_rank_of_a_full_rank_table(device, dtype, shape):
+    p = randn(*shape, dtype=dtype, device=device)
+    assert numerical_rank(p) == min(shape) == np.linalg.matrix_rank(p.cpu().numpy())
+
+
+def test_numerical_rank_depends_on_the_tolerance():
+    p = graded()  # singular values 1, 1e-3, 1e-9
+    assert numerical_rank(p, rtol=1e-12) == 3
+    assert numerical_rank(p, rtol=1e-6) == 2
+    assert numerical_rank(p, rtol=1e-2) == 1
+    assert numerical_rank(p, rtol=2.0) == 0
+    # default: max(N, C) * eps of the input dtype. float64 resolves 1e-9 (tolerance 12 * 2.2e-16) ...
+    assert numerical_rank(p) == 3 == np.linalg.matrix_rank(p.numpy())
+    # ... float32 does not: rounding the table to float32 moves sigma_3 by ~1e-8, below 12 * 1.2e-7
+    assert numerical_rank(p.float()) == 2 == np.linalg.matrix_rank(p.float().numpy())
+
+
+def test_numerical_rank_tolerance_is_relative_to_sigma_1():
+    p = graded()
+    for scale in (1e-30, 1.0, 1e30):
+        assert [numerical_rank(scale * p, rtol=r) for r in (1e-12, 1e-6, 1e-2)] == [3, 2, 1]
+
+
+# --- effective_rank ------------------------------------------------------------------------------
+
+
+def test_effective_rank_of_a_graded_table():
+    p = graded()  # squared singular values 1, 1e-6, 1e-18: sigma_1^2 holds 1 / (1 + 1e-6) of the energy
+    assert effective_rank(p, 0.5) == 1
+    assert effective_rank(p) == 1  # default energy 0.99
+    assert effective_rank(p, 0.9999990) == 1
+    assert effective_rank(p, 0.9999999) == 2
+    # sigma_3^2 = 1e-18 is below the float64 rounding of the running sum (~1e-16): energy 1 gives 2,
+    # although the numerical rank is 3
+    assert effective_rank(p, 1.0) == 2
+    assert numerical_rank(p) == 3
+
+
+@pytest.mark.parametrize("energy", [0.05, 0.3, 0.5, 0.7, 0.95, 0.99, 1.0])
+def test_effective_rank_of_equal_singular_values_is_ceil_energy_times_rank(energy):
+    r = 5
+    p = with_singular_values(12, 8, [2.0] * r)  # rank 5 in a (12, 8) table, equal singular values
+    # energy * r is at least 0.25 away from an integer for every energy (or exactly r for 1.0)
+    assert effective_rank(p, energy) == math.ceil(energy * r)
+
+
+@pytest.mark.parametrize("energy,k", [(0.25, 1), (0.5, 2), (0.75, 3), (1.0, 4), (0.2500001, 2), (0.7499999, 3)])
+def test_effective_rank_at_exact_energy_boundaries(energy, k):
+    # the singular values are exactly 3: the running sums 9, 18, 27, 36 are exact; ">=" includes the boundary
+    assert effective_rank(scaled_signed_permutation(), energy) == k
+
+
+def test_effective_rank_equals_the_rank_of_the_best_approximation_within_the_energy_budget():
+    p = randn(20, 10, seed=3)
+    s2 = singular_values(p) ** 2
+    for energy in (0.2, 0.5, 0.8, 0.9, 0.99):
+        k = effective_rank(p, energy)
+        _, err = best_rank_k(p, k)
+        assert err**2 <= (1 - energy) * float(s2.sum()) * (1 + 1e-12)
+        _, err_smaller = best_rank_k(p, k - 1)
+        assert err_smaller**2 > (1 - energy) * float(s2.sum())
+
+
+# --- best_rank_k ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)])
+def test_best_rank_k_error_matches_eq_6_3_14(device, shape):
+    """||P - P_k||_F = sqrt(sum_{i>k} sigma_i^2) (source 000 eq. 6.3.14), the error taken from the difference."""
+    p = randn(*shape, device=device)
+    s = singular_values(p).cpu()
+    scale = float(s[0])
+    for k in range(min(shape) + 1):
+        approx, err = best_rank_k(p, k)
+        assert isinstance(err, float)
+        assert approx.shape == shape
+        assert math.isclose(err, math.sqrt(float((s[k:] ** 2).sum())), rel_tol=1e-10, abs_tol=1e-13 * scale)
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)])
+def test_best_rank_k_has_rank_k_and_the_ends_are_zero_and_p(device, shape):
+    p = randn(*shape, device=device, seed=1)
+    for k in range(1, min(shape)):
+        assert numerical_rank(best_rank_k(p, k)[0]) == k
+    approx, err = best_rank_k(p, 0)
+    assert torch.equal(approx, torch.zeros(shape, dtype=torch.float64, device=device))
+    assert err == float(torch.linalg.norm(p))
+    approx, err = best_rank_k(p, min(shape))
+    torch.testing.assert_close(approx, p, **FP64)
+    assert err < 1e-12
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_best_rank_k_beats_other_rank_k_matrices(k):
+    """Eckart-Young sanity check: no rank-k matrix we can construct is closer to P."""
+    p = randn(15, 8, seed=2)
+    _, best = best_rank_k(p, k)
+    g = torch.Generator().manual_seed(10)
+    for _ in range(50):
+        # a random rank-k matrix
+        other = torch.randn(15, k, generator=g, dtype=torch.float64) @ torch.randn(
+            k, 8, generator=g, dtype=torch.float64
+        )
+        assert float(torch.linalg.norm(p - other)) > best
+        # P projected onto a random k-dimensional subspace of its columns (the best fit in that subspace)
+        q, _ = torch.linalg.qr(torch.randn(8, k, generator=g, dtype=torch.float64))
+        assert float(torch.linalg.norm(p - p @ q @ q.T)) > best
+        # the rank-k truncation of a slightly perturbed table
+        perturbed, _ = best_rank_k(p + 1e-3 * torch.randn(15, 8, generator=g, dtype=torch.float64), k)
+        assert numerical_rank(perturbed) == k
+        assert float(torch.linalg.norm(p - perturbed)) > best
+
+
+def test_best_rank_k_of_a_low_rank_table_is_exact():
+    p = low_rank(20, 10, 3)
+    approx, err = best_rank_k(p, 3)
+    torch.testing.assert_close(approx, p, **FP64)
+    assert err < 1e-12 * float(torch.linalg.norm(p))
+
+
+# --- gram ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (1, 3)])
+def test_gram_is_symmetric_psd_with_squared_row_norms_on_the_diagonal(device, shape):
+    p = randn(*shape, device=device)
+    g = gram(p)
+    n = shape[0]
+    assert g.shape == (n, n)
+    torch.testing.assert_close(g, g.T, **FP64)
+    torch.testing.assert_close(torch.diagonal(g), (p**2).sum(dim=1), **FP64)
+    eig = torch.linalg.eigvalsh(g)  # ascending
+    assert float(eig.min()) >= -1e-12 * float(eig.max())
+    # its non-zero eigenvalues are the squared singular values of P
+    torch.testing.assert_close(eig.flip(0)[: min(shape)], singular_values(p) ** 2, **FP64)
+
+
+def test_gram_matches_a_naive_loop():
+    p = randn(5, 3)
+    expected = [[sum(float(p[i, c]) * float(p[j, c]) for c in range(3)) for j in range(5)] for i in range(5)]
+    torch.testing.assert_close(gram(p), torch.tensor(expected, dtype=torch.float64), **FP64)
+    assert gram(torch.tensor([[1.0, 2.0], [3.0, -1.0]])).tolist() == [[5.0, 1.0], [1.0, 10.0]]
+
+
+def test_gram_is_positive_definite_only_for_independent_rows():
+    assert float(torch.linalg.eigvalsh(gram(randn(4, 6))).min()) > 1e-3  # N <= C, independent rows
+    assert float(torch.linalg.eigvalsh(gram(randn(6, 4))).min()) < 1e-12  # N > C: rows must be dependent
+
+
+# --- covariance ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (2, 3)])
+def test_covariance_matches_numpy_population_covariance(device, shape):
+    p = randn(*shape, device=device)
+    cov = covariance(p)
+    assert cov.shape == (shape[1], shape[1])
+    expected = torch.from_numpy(np.cov(p.cpu().numpy(), rowvar=False, bias=True))
+    torch.testing.assert_close(cov.cpu(), expected, **FP64)
+    torch.testing.assert_close(cov, torch.cov(p.T, correction=0), **FP64)
+    # torch.cov's default divides by N - 1
+    torch.testing.assert_close(cov * shape[0] / (shape[0] - 1), torch.cov(p.T), **FP64)
+
+
+def test_covariance_frozen_values_and_properties():
+    # mean row (1, 2); centred rows (-1, -2), (1, 2); (1/N) P~^T P~ with N = 2
+    p = torch.tensor([[0.0, 0.0], [2.0, 4.0]])
+    assert covariance(p).tolist() == [[1.0, 2.0], [2.0, 4.0]]
+    assert covariance(torch.tensor([[1.0, -2.0, 3.0]])).tolist() == [[0.0] * 3] * 3  # one position
+    q = randn(10, 4)
+    torch.testing.assert_close(covariance(q + randn(1, 4, seed=5)), covariance(q), **FP64)  # shift-invariant
+    assert float(torch.linalg.eigvalsh(covariance(q)).min()) >= -1e-12
+
+
+# --- condition_number ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12), (9, 9)])
+def test_condition_number_is_sigma_1_over_sigma_min(device, shape):
+    p = randn(*shape, device=device)
+    s = singular_values(p)
+    kappa = condition_number(p)
+    assert isinstance(kappa, float) and kappa >= 1.0
+    assert math.isclose(kappa, float(s[0] / s[-1]), rel_tol=1e-12)
+    assert math.isclose(kappa, float(np.linalg.cond(p.cpu().numpy(), 2)), rel_tol=1e-9)
+
+
+def test_condition_number_frozen_values():
+    assert condition_number(torch.diag(torch.tensor([4.0, 2.0, 0.5]))) == 8.0
+    assert condition_number(scaled_signed_permutation()) == 1.0
+    q, _ = torch.linalg.qr(randn(6, 6))
+    assert math.isclose(condition_number(q), 1.0, rel_tol=1e-12)  # orthogonal: all singular values 1
+
+
+def test_condition_number_is_inf_for_a_rank_deficient_square_table():
+    p = torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 0.0], [5.0, 6.0, 0.0]])  # zero column: sigma_3 is exactly 0
+    assert condition_number(p) == math.inf
+    assert condition_number(torch.zeros(3, 3)) == math.inf
+    assert condition_number(torch.diag(torch.tensor([1.0, 0.0]))) == math.inf
+
+
+def test_zero_table():
+    z = torch.zeros(4, 3)
+    assert singular_values(z).tolist() == [0.0, 0.0, 0.0]
+    assert numerical_rank(z) == 0 and effective_rank(z) == 0
+    assert best_rank_k(z, 2)[1] == 0.0
+
+
+# --- dtype and device ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_results_are_float64_on_the_input_device(device, dtype):
+    p = randn(6, 4, device=device).to(dtype)
+    exact = p.double()  # the input's values, exactly: results depend on them only, not on the dtype
+    for fn in (singular_values, gram, covariance, lambda t: best_rank_k(t, 2)[0]):
+        out = fn(p)
+        assert out.dtype == torch.float64 and out.device == p.device
+        torch.testing.assert_close(out, fn(exact), rtol=0, atol=0)
+    assert type(numerical_rank(p)) is int and type(effective_rank(p)) is int
+    assert type(best_rank_k(p, 2)[1]) is float and type(condition_number(p)) is float
+    assert condition_number(p) == condition_number(exact)
+
+
+def test_default_rtol_uses_the_epsilon_of_the_input_dtype():
+    p = graded()
+    for dtype, eps in [(torch.float64, 2.0**-52), (torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)]:
+        q = p.to(dtype)
+        assert numerical_rank(q) == numerical_rank(q, rtol=12 * eps)
+
+
+# --- bad inputs ----------------------------------------------------------------------------------
+
+TABLE_FUNCTIONS = [
+    singular_values,
+    numerical_rank,
+    effective_rank,
+    lambda t: best_rank_k(t, 0),
+    gram,
+    covariance,
+    condition_number,
+]
+IDS = ["singular_values", "numerical_rank", "effective_rank", "best_rank_k", "gram", "covariance", "condition_number"]
+
+
+@pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize(
+    "table",
+    [
+        torch.ones(3, 2, dtype=torch.long),
+        torch.ones(3, 2, dtype=torch.bool),
+        torch.ones(3, 2, dtype=torch.cfloat),
+        [[1.0]],
+    ],
+)
+def test_rejects_a_non_floating_table(fn, table):
+    with pytest.raises(TypeError, match="table must be a floating-point tensor, got"):
+        fn(table)
+
+
+@pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("shape", [(), (4,), (2, 3, 4)])
+def test_rejects_a_table_that_is_not_2d(fn, shape):
+    with pytest.raises(ValueError, match=r"table must be 2-D \(N, C\), got shape"):
+        fn(torch.ones(shape))
+
+
+@pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0, 0)])
+def test_rejects_an_empty_table(fn, shape):
+    with pytest.raises(ValueError, match=r"table must be non-empty .*got shape \(" + str(shape[0])):
+        fn(torch.ones(shape))
+
+
+@pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_rejects_a_non_finite_table(fn, bad):
+    table = torch.ones(3, 2)
+    table[1, 0] = bad
+    with pytest.raises(ValueError, match="table must have only finite entries"):
+        fn(table)
+
+
+@pytest.mark.parametrize("rtol", [-1e-9, math.nan, "1e-6", True, torch.tensor(1e-6)])
+def test_numerical_rank_rejects_a_bad_rtol(rtol):
+    with pytest.raises(ValueError, match=r"rtol must be a real number >= 0 or None, got"):
+        numerical_rank(torch.ones(3, 2), rtol=rtol)
+
+
+@pytest.mark.parametrize("energy", [0.0, -0.5, 1.0000001, math.nan, True, "0.9"])
+def test_effective_rank_rejects_a_bad_energy(energy):
+    with pytest.raises(ValueError, match=r"energy must be a real number in \(0, 1\], got"):
+        effective_rank(torch.ones(3, 2), energy)
+
+
+@pytest.mark.parametrize("k", [-1, 3, 2.0, True, None])
+def test_best_rank_k_rejects_a_bad_k(k):
+    with pytest.raises(ValueError, match=r"k must be an int in 0\.\.2, got"):
+        best_rank_k(torch.ones(3, 2), k)
