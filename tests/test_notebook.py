@@ -11,6 +11,7 @@ from posenc.notebook import claims_table, glue
 LEDGER = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
 
 
+@pytest.mark.filterwarnings("ignore:Attempting to work in a virtualenv")  # IPython, outside a kernel
 def test_glue_returns_nothing_and_validates_name():
     assert glue("a-number", 3.5) is None
     with pytest.raises(ValueError, match="name must be a non-empty string without whitespace, got 'a b'"):
