@@ -12,6 +12,7 @@ from posenc.absolute import (
     LowRankPE,
     SinusoidalPE,
     difference_penalty,
+    extend_table,
     inverse_frequencies,
     l2_penalty,
     layout_permutation,
@@ -179,6 +180,45 @@ def test_learned_gradient_reaches_only_used_rows():
     m.transform_input(x, torch.tensor([1, 2, 3])).sum().backward()
     grad = m.weight.grad
     assert (grad[[0, 4, 5, 6, 7]] == 0).all() and (grad[1:4] == 2.0).all()  # two batch rows
+
+
+def test_extend_table_keeps_old_rows_and_fills_new_ones(device):
+    table = torch.randn(5, 3, device=device)
+    copy = extend_table(table, 12)
+    assert copy.shape == (12, 3) and copy.device == table.device and copy.dtype == table.dtype
+    for t in range(12):
+        assert torch.equal(copy[t], table[t % 5])  # Longformer: tile the learned rows
+    zeros = extend_table(table, 7, init="zeros")
+    assert torch.equal(zeros[:5], table) and (zeros[5:] == 0).all()
+    normal = extend_table(table.double(), 20005, init="normal", std=0.3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(normal[:5], table.double()) and normal.dtype == torch.float64
+    assert normal[5:].std().item() == pytest.approx(0.3, rel=0.02)
+    assert torch.equal(extend_table(table, 5), table)
+
+
+def test_extend_table_validation():
+    with pytest.raises(ValueError, match=r"num_positions must be an int >= the table's 5 rows, got 4"):
+        extend_table(torch.zeros(5, 2), 4)
+    with pytest.raises(ValueError, match="init must be one of .*, got 'uniform'"):
+        extend_table(torch.zeros(5, 2), 6, init="uniform")
+    with pytest.raises(ValueError, match="std must be a positive number, got 0"):
+        extend_table(torch.zeros(5, 2), 6, init="normal", std=0)
+    with pytest.raises(TypeError, match="table must be a floating-point tensor"):
+        extend_table(torch.zeros(5, 2, dtype=torch.long), 6)
+
+
+def test_learned_extended_is_a_new_module_covering_more_positions():
+    m = LearnedPE(4, 3)
+    grown = m.extended(10, init="copy")
+    assert isinstance(grown, LearnedPE) and grown.max_positions == 10 and m.max_positions == 4
+    assert grown.weight is not m.weight and grown.weight.requires_grad
+    torch.testing.assert_close(grown.table()[:4], m.table())
+    x = torch.zeros(1, 2, 3)
+    torch.testing.assert_close(grown.transform_input(x, torch.tensor([8, 9]))[0], m.table()[[0, 1]].detach())
+    with pytest.raises(ValueError, match="max_positions=10"):
+        grown.transform_input(x[:, :1], torch.tensor([10]))
+    with pytest.raises(ValueError, match="max_positions=4"):
+        m.transform_input(x[:, :1], torch.tensor([4]))
 
 
 def test_low_rank_module(device):

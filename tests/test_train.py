@@ -296,3 +296,44 @@ def test_evaluate_lengths_accepts_any_iterable_of_ints():
     model = tiny_lm()
     results = evaluate_lengths(model, random_bytes(), (n for n in (torch.tensor(4), 12)), num_windows=2)
     assert list(results) == [4, 12] and all(type(k) is int for k in results)
+
+
+# --- penalties and frozen parameters -------------------------------------------------------------
+
+
+def test_train_penalty_is_added_to_the_loss_and_recorded_apart():
+    from posenc.absolute import l2_penalty
+
+    data = repetitive_bytes()
+    plain, zero, shrunk = tiny_lm("learned"), tiny_lm("learned"), tiny_lm("learned")
+    r_plain = train(plain, data, quick_cfg())
+    r_zero = train(zero, data, quick_cfg(), penalty=lambda: 0.0 * l2_penalty(zero.position.table()))
+    assert r_zero.losses == r_plain.losses and r_zero.penalties == [0.0] * 8 and r_plain.penalties == [0.0] * 8
+    for a, b in zip(plain.parameters(), zero.parameters()):
+        assert torch.equal(a, b)  # a zero penalty changes nothing, bit for bit
+
+    r = train(shrunk, data, quick_cfg(lr=1e-2), penalty=lambda: 10.0 * l2_penalty(shrunk.position.table()))
+    norm0 = tiny_lm("learned").position.table().detach().pow(2).sum().item()
+    assert r.penalties[0] == pytest.approx(10.0 * norm0, rel=1e-5)  # recorded before the first update
+    assert shrunk.position.table().norm() < 0.7 * plain.position.table().norm()
+    assert r.losses[0] == r_plain.losses[0]  # the recorded loss excludes the penalty
+
+
+def test_train_leaves_frozen_parameters_unchanged():
+    model = tiny_lm("learned")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("position."))
+    train(model, repetitive_bytes(), quick_cfg())
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) != name.startswith("position."), name
+
+
+def test_train_penalty_validation():
+    model = tiny_lm()
+    with pytest.raises(TypeError, match="penalty must be a callable returning a scalar tensor, or None, got float"):
+        train(model, repetitive_bytes(), quick_cfg(), penalty=0.5)
+    with pytest.raises(TypeError, match=r"penalty must return a scalar tensor, got shape \(2,\)"):
+        train(model, repetitive_bytes(), quick_cfg(), penalty=lambda: torch.ones(2))
+    with pytest.raises(TypeError, match="penalty must return a scalar tensor, got float"):
+        train(model, repetitive_bytes(), quick_cfg(), penalty=lambda: 1.0)

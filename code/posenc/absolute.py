@@ -30,6 +30,7 @@ from posenc.method import PositionMethod, check_positions, register_method
 
 LAYOUTS = ("interleaved", "half")
 INITS = ("normal", "uniform", "zeros")
+EXTEND_INITS = ("normal", "zeros", "copy")
 
 
 def _check_dim(dim: int, *, even: bool = True) -> None:
@@ -164,6 +165,50 @@ def offset_matrix(k: int, dim: int, base: float = 10000.0, *, layout: str = "int
     m[sin_idx, sin_idx], m[sin_idx, cos_idx] = c, s  # sin(a + b) = sin a cos b + cos a sin b
     m[cos_idx, sin_idx], m[cos_idx, cos_idx] = -s, c  # cos(a + b) = cos a cos b - sin a sin b
     return m
+
+
+def extend_table(
+    table: Tensor, num_positions: int, *, init: str = "copy", std: float = 0.02, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    """A learned table grown to ``num_positions`` rows: the old rows unchanged, new rows appended.
+
+    A learned table has nothing to say about positions it has no row for; growing it means
+    choosing the new rows, then training them. The choices:
+
+    * ``"copy"``: tile the existing rows, so row ``t`` of the result is row ``t mod N`` of the
+      table (how Longformer, Beltagy et al. 2020, arXiv:2004.05150, grew RoBERTa's 512 rows to 4,096);
+    * ``"normal"``: independent ``N(0, std²)`` entries, like a fresh table;
+    * ``"zeros"``: zero rows (the new positions start with no position signal).
+
+    Args:
+        table: ``(N, C)`` floating tensor, the table to extend (not modified).
+        num_positions: ``N' >= N``, rows of the result.
+        init: ``"copy"``, ``"normal"`` or ``"zeros"``.
+        std: standard deviation of ``"normal"``.
+        generator: random generator for ``"normal"`` (default: the global one).
+
+    Returns:
+        ``(N', C)``, same dtype and device as ``table``, detached from its graph.
+
+    Raises:
+        ValueError: if ``num_positions < N``, or ``init`` is unknown.
+    """
+    _check_table(table)
+    n = table.shape[0]
+    if not isinstance(num_positions, int) or isinstance(num_positions, bool) or num_positions < n:
+        raise ValueError(f"num_positions must be an int >= the table's {n} rows, got {num_positions!r}")
+    if init not in EXTEND_INITS:
+        raise ValueError(f"init must be one of {EXTEND_INITS}, got {init!r}")
+    _check_scale(std, "std")
+    old = table.detach()
+    extra = num_positions - n
+    if init == "copy":
+        new = old[torch.arange(n, num_positions, device=old.device) % n]  # (N' - N, C)
+    elif init == "normal":
+        new = torch.randn(extra, old.shape[1], generator=generator, dtype=torch.float64).to(old) * std
+    else:
+        new = old.new_zeros(extra, old.shape[1])
+    return torch.cat([old, new])  # (N', C)
 
 
 # --- regularisers of a position table (source 000, eqs. 6.3.22-6.3.24) ---------------------------
@@ -302,6 +347,17 @@ class LearnedPE(PositionMethod):
     def table(self) -> Tensor:
         """``(N, C)``: the learned table."""
         return self.weight
+
+    def extended(self, num_positions: int, *, init: str = "copy", std: float = 0.02, generator=None) -> "LearnedPE":
+        """A new :class:`LearnedPE` with ``num_positions`` rows, the first ``N`` equal to this table's.
+
+        See :func:`extend_table` for ``init``, ``std`` and ``generator``. This module is not changed
+        (an optimizer holding its weight is unaffected); the new one is on the same device and dtype.
+        """
+        weight = extend_table(self.weight, num_positions, init=init, std=std, generator=generator)
+        grown = LearnedPE(num_positions, self.dim, init="zeros")
+        grown.weight = nn.Parameter(weight)
+        return grown
 
     def transform_input(self, x: Tensor, positions: Tensor) -> Tensor:
         self.check(positions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -76,7 +76,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class TrainResult:
     """What :func:`train` recorded."""
 
-    losses: list[float] = field(default_factory=list)  # training loss (nats/token) at every step
+    losses: list[float] = field(default_factory=list)  # training loss (nats/token) at every step, penalty excluded
+    penalties: list[float] = field(default_factory=list)  # value of the penalty term at every step (0 without one)
     lrs: list[float] = field(default_factory=list)  # learning rate used at every step
     seconds: float = 0.0  # wall-clock time of the loop
 
@@ -99,26 +100,36 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def train(model: nn.Module, data: Tensor, cfg: TrainConfig) -> TrainResult:
+def train(
+    model: nn.Module, data: Tensor, cfg: TrainConfig, *, penalty: Optional[Callable[[], Tensor]] = None
+) -> TrainResult:
     """Train ``model`` on random windows of ``data`` for next-token prediction.
 
     Runs on the model's device. With the same model initialisation, data and ``cfg`` the run is
-    bit-for-bit repeatable on CPU.
+    bit-for-bit repeatable on CPU. Only parameters with ``requires_grad`` are optimised, so
+    freezing a parameter before the call keeps it fixed.
 
     Args:
         model: a :class:`~posenc.lm.TinyLM` (any module mapping ``(B, T)`` ids to ``(B, T, V)`` logits).
         data: ``(N,)`` token ids (e.g. ``load_stdlib_corpus().train``).
         cfg: hyper-parameters.
+        penalty: optional regulariser, called with no arguments at every step; the scalar tensor it
+            returns is added to the loss before the backward pass, e.g.
+            ``lambda: 0.01 * difference_penalty(model.position.table())`` (source 000, eqs.
+            6.3.22-6.3.24). The recorded ``losses`` exclude it; ``penalties`` records it.
 
     Returns:
-        The per-step losses and learning rates. The model is left in eval mode.
+        The per-step losses, penalties and learning rates. The model is left in eval mode.
 
     Raises:
         ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``.
+        TypeError: if ``penalty`` is not callable, or returns something other than a scalar tensor.
     """
     max_len = getattr(getattr(model, "config", None), "max_len", None)
     if max_len is not None and cfg.seq_len > max_len:
         raise ValueError(f"cfg.seq_len={cfg.seq_len} exceeds the model's max_len={max_len}")
+    if penalty is not None and not callable(penalty):
+        raise TypeError(f"penalty must be a callable returning a scalar tensor, or None, got {type(penalty).__name__}")
     device = _device_of(model)
     generator = torch.Generator().manual_seed(cfg.seed)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -137,18 +148,28 @@ def train(model: nn.Module, data: Tensor, cfg: TrainConfig) -> TrainResult:
             group["lr"] = lr
         x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
         loss = next_token_loss(model(x), y)
+        extra = _penalty_value(penalty) if penalty is not None else None
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if extra is None else loss + extra).backward()
         if cfg.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         result.losses.append(loss.item())
+        result.penalties.append(0.0 if extra is None else extra.item())
         result.lrs.append(lr)
         if cfg.progress and step % 10 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     result.seconds = time.perf_counter() - start
     model.eval()
     return result
+
+
+def _penalty_value(penalty: Callable[[], Tensor]) -> Tensor:
+    value = penalty()
+    if not isinstance(value, Tensor) or value.numel() != 1:
+        got = f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+        raise TypeError(f"penalty must return a scalar tensor, got {got}")
+    return value.reshape(())
 
 
 @dataclass
