@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from posenc.analysis import _has_float64
 from posenc.method import PositionMethod, check_positions, register_method
 
 LAYOUTS = ("interleaved", "half")
@@ -114,7 +115,9 @@ def sinusoidal_code(
     check_positions(positions)
     _check_dim(dim)
     _check_layout(layout)
-    angles = positions.cpu().to(torch.float64)[:, None] * inverse_frequencies(dim, base)  # (N, C/2)
+    # float64 on the positions' device (no host round trip on CUDA); on the CPU for devices without float64 (MPS)
+    work = positions.device if _has_float64(positions.device.type) else torch.device("cpu")
+    angles = positions.to(work, torch.float64)[:, None] * inverse_frequencies(dim, base).to(work)  # (N, C/2)
     sin, cos = angles.sin(), angles.cos()
     if layout == "half":
         table = torch.cat([sin, cos], dim=1)  # (N, C)
