@@ -194,7 +194,9 @@ def extend_table(
         ``(N', C)``, same dtype and device as ``table``, detached from its graph.
 
     Raises:
-        ValueError: if ``num_positions < N``, or ``init`` is unknown.
+        TypeError: if ``table`` is not a floating-point tensor.
+        ValueError: if ``table`` is not a non-empty 2-D tensor, ``num_positions < N``, ``init`` is
+        unknown, or ``std <= 0``.
     """
     _check_table(table)
     n = table.shape[0]
