@@ -242,3 +242,116 @@ def test_self_attention_validation():
         layer(torch.randn(1, 3, 8), torch.arange(4), NoPE())
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         layer(torch.randn(1, 3, 8), torch.arange(3.0), NoPE())
+
+
+# ---- bias functions and the flex backend -------------------------------------------------------
+
+def t5_like_bias_fn(H, T, S, dtype, device, seed=0):
+    """A bias of (head, key - query) read from a lookup table, as RelativeScalarBias builds it."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(H, T + S - 1, generator=g, dtype=dtype).to(device)  # relative -(T-1)..S-1
+
+    def bias_fn(b, h, q_idx, kv_idx):
+        return table[h, kv_idx - q_idx + T - 1]
+
+    dense = table[:, torch.arange(S, device=device)[None, :] - torch.arange(T, device=device)[:, None] + T - 1]
+    return bias_fn, dense  # dense: (H, T, S)
+
+
+def test_materialize_bias_is_the_dense_bias():
+    from posenc.attention import materialize_bias
+
+    fn, dense = t5_like_bias_fn(3, 4, 6, torch.float64, "cpu")
+    bias = materialize_bias(fn, 2, 3, 4, 6)
+    assert bias.shape == (1, 3, 4, 6)  # the batch index is unused, so it stays 1
+    torch.testing.assert_close(bias[0], dense, rtol=0, atol=0)
+    q, k, v = qkv(H=3, T=4, S=6)
+    for backend in ("reference", "sdpa"):
+        torch.testing.assert_close(
+            attention(q, k, v, bias_fn=fn, causal=True, backend=backend),
+            attention(q, k, v, bias=dense, causal=True, backend=backend),
+        )
+
+
+def test_bias_fn_validation():
+    from posenc.attention import materialize_bias
+
+    q, k, v = qkv()
+    fn, dense = t5_like_bias_fn(3, 5, 7, torch.float64, "cpu")
+    with pytest.raises(ValueError, match="either as a tensor .* or as a function .*not both"):
+        attention(q, k, v, bias=dense, bias_fn=fn)
+    with pytest.raises(TypeError, match="bias_fn must be callable"):
+        materialize_bias("not a function", 1, 1, 2, 2)
+    with pytest.raises(TypeError, match="bias_fn must return a floating-point tensor"):
+        materialize_bias(lambda b, h, i, j: i - j, 1, 1, 2, 2)
+    with pytest.raises(ValueError, match=r"bias_fn returned shape \(1, 1, 3, 3\), which does not broadcast"):
+        materialize_bias(lambda b, h, i, j: torch.zeros(1, 1, 3, 3), 1, 1, 2, 2)
+
+
+def _flex_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_flex = pytest.mark.skipif(not _flex_available(), reason="torch has no flex_attention")
+
+
+@needs_flex
+@pytest.mark.parametrize(
+    "B,H,T,S,causal,padding,as_tensor",
+    [
+        (2, 2, 200, 300, True, True, False),  # partial tiles, bottom-right causal, left padding, dead queries
+        (1, 2, 256, 256, True, False, False),  # full tiles below the diagonal
+        (2, 2, 64, 96, False, False, True),  # a materialised bias read inside the kernel
+    ],
+)
+def test_flex_matches_reference(device, B, H, T, S, causal, padding, as_tensor):
+    import warnings
+
+    q, k, v = qkv(B=B, H=H, T=T, S=S, D=16, dtype=torch.float32, device=device)
+    fn, dense = t5_like_bias_fn(H, T, S, torch.float32, device)
+    pad = None
+    if padding:
+        pad = torch.zeros(B, S, dtype=torch.bool, device=device)
+        pad[-1, : S - T + 5] = True  # the first 5 queries of the last row see only padding
+    kwargs = dict(bias=dense) if as_tensor else dict(bias_fn=fn)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback allowed here
+        out = attention(q, k, v, causal=causal, key_padding_mask=pad, backend="flex", **kwargs)
+    ref = attention(q, k, v, causal=causal, key_padding_mask=pad, backend="reference", **kwargs)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+    if padding:
+        assert torch.all(out[-1, :, :5] == 0)  # queries with no visible key give 0, as the other backends
+
+
+def test_flex_block_mask_structure():
+    from posenc.attention import FLEX_BLOCK, flex_block_mask
+
+    if not _flex_available():
+        pytest.skip("torch has no flex_attention")
+    n = FLEX_BLOCK
+    T, S = 3 * n, 4 * n  # queries are the last 3 tiles of 4 key tiles
+    bm = flex_block_mask(1, T, S, causal=True)
+    partial = bm.kv_num_blocks[0, 0].tolist()
+    full = bm.full_kv_num_blocks[0, 0].tolist()
+    # query tile i (key tile i + 1) sees key tiles 0..i+1: the diagonal tile is partial, the rest full
+    assert full == [1, 2, 3] and partial == [1, 1, 1]
+    assert flex_block_mask(1, T, S, causal=False) is None
+    pad = torch.zeros(1, S, dtype=torch.bool)
+    bm = flex_block_mask(1, T, S, causal=True, key_padding_mask=pad)
+    assert bm.full_kv_num_blocks[0, 0].tolist() == [0, 0, 0] and bm.kv_num_blocks[0, 0].tolist() == [2, 3, 4]
+
+
+@needs_flex
+def test_flex_falls_back_loudly_on_cpu_backward():
+    q, k, v = qkv(dtype=torch.float32)
+    q.requires_grad_(True)
+    fn, dense = t5_like_bias_fn(3, 5, 7, torch.float32, "cpu")
+    with pytest.warns(RuntimeWarning, match="fell back to 'sdpa'.*no backward on the CPU"):
+        out = attention(q, k, v, bias_fn=fn, causal=True, backend="flex")
+    torch.testing.assert_close(out, attention(q, k, v, bias=dense, causal=True, backend="reference"))
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()

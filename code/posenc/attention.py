@@ -1,16 +1,30 @@
 """Scaled dot-product attention with the hooks through which position enters.
 
 :func:`attention` is the pure computation (Vaswani et al. 2017, arXiv:1706.03762, eq. 1) with an
-optional additive logit bias, a causal mask and a key-padding mask, in two interchangeable
-backends: ``"reference"`` (explicit matmul + softmax; can return the weights) and ``"sdpa"``
-(``torch.nn.functional.scaled_dot_product_attention``). :class:`SelfAttention` is the multi-head
-layer of the tiny LM; it asks a :class:`~posenc.method.PositionMethod` for the query/key
-transform and the logit bias.
+optional additive logit bias, a causal mask and a key-padding mask, in three interchangeable
+backends that give the same numbers:
+
+* ``"reference"``: explicit matmul + softmax in at least fp32; can return the weights. For tests.
+* ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` with the bias materialised as a
+  ``(B or 1, H, T, S)`` tensor. The simple default for short sequences.
+* ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled). A bias that depends only on
+  ``(batch, head, query index, key index)`` is given as a function ``bias_fn`` and evaluated
+  inside the kernel, so no ``T x S`` tensor is ever built; causal and padding masks become a block
+  mask whose size is ``O(T S / 128²)``. Where flex cannot run (no backward on the CPU, a platform
+  without it, a failed compile) it falls back to ``"sdpa"`` with a ``RuntimeWarning`` that says why.
+
+A bias function has the signature ``bias_fn(b, h, q_idx, kv_idx) -> bias`` with integer tensor
+arguments (FlexAttention's ``score_mod`` without the score); it must be written with indexing and
+elementwise tensor operations so that it works both on scalars inside the kernel and on
+broadcast index grids (:func:`materialize_bias`). :class:`SelfAttention` is the multi-head layer
+of the tiny LM; it asks a :class:`~posenc.method.PositionMethod` for the query/key transform, the
+logit bias (as a tensor or as a function) and, for methods that have one, a value term.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import warnings
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +32,13 @@ from torch import Tensor, nn
 
 from posenc.method import PositionMethod, check_positions
 
-BACKENDS = ("reference", "sdpa")
+BACKENDS = ("reference", "sdpa", "flex")
+
+#: ``bias_fn(b, h, q_idx, kv_idx) -> bias``: an additive logit bias as a function of indices.
+BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+#: Tile size of FlexAttention's block mask (its default ``BLOCK_SIZE``).
+FLEX_BLOCK = 128
 
 
 def causal_mask(t: int, s: int, device: Union[torch.device, str, None] = None) -> Tensor:
@@ -89,12 +109,145 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, bias, key_padding_mask, causal: b
             raise ValueError(f"key_padding_mask must have shape (B, S) = {(B, S)}, got {tuple(key_padding_mask.shape)}")
 
 
+def materialize_bias(bias_fn: BiasFn, B: int, H: int, T: int, S: int, device=None) -> Tensor:
+    """Evaluate a bias function on broadcast index grids: the tensor the flex backend never builds.
+
+    Args:
+        bias_fn: ``bias_fn(b, h, q_idx, kv_idx) -> bias`` (see the module docstring).
+        B, H, T, S: grid sizes; the index arguments have shapes ``(B, 1, 1, 1)``, ``(1, H, 1, 1)``,
+            ``(1, 1, T, 1)`` and ``(1, 1, 1, S)``.
+        device: device of the index grids.
+
+    Returns:
+        A float tensor broadcastable to ``(B, H, T, S)`` (dimensions the function ignores stay 1).
+
+    Raises:
+        TypeError: if ``bias_fn`` is not callable or does not return a floating-point tensor.
+        ValueError: if its result does not broadcast to ``(B, H, T, S)``.
+    """
+    if not callable(bias_fn):
+        raise TypeError(f"bias_fn must be callable as bias_fn(b, h, q_idx, kv_idx), got {type(bias_fn).__name__}")
+    idx = lambda n, dim: torch.arange(n, device=device).view([n if i == dim else 1 for i in range(4)])  # noqa: E731
+    bias = bias_fn(idx(B, 0), idx(H, 1), idx(T, 2), idx(S, 3))
+    if not isinstance(bias, Tensor) or not bias.dtype.is_floating_point:
+        raise TypeError(f"bias_fn must return a floating-point tensor, got {getattr(bias, 'dtype', type(bias).__name__)}")
+    try:
+        ok = torch.broadcast_shapes(bias.shape, (B, H, T, S)) == (B, H, T, S)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"bias_fn returned shape {tuple(bias.shape)}, which does not broadcast to (B, H, T, S) = {(B, H, T, S)}")
+    return bias
+
+
+_compiled_flex_attention = None  # torch.compile(flex_attention), built on the first call of the flex backend
+
+
+def _flex_kernel():
+    global _compiled_flex_attention
+    if _compiled_flex_attention is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)  # dynamic shapes fail to build on the CPU
+    return _compiled_flex_attention
+
+
+def flex_block_mask(B: int, T: int, S: int, *, causal: bool, key_padding_mask: Optional[Tensor] = None, device=None):
+    """FlexAttention ``BlockMask`` for a bottom-right causal mask and/or key padding, in ``O(T S / 128²)`` memory.
+
+    The block structure of the causal mask is computed directly (``create_block_mask`` would
+    evaluate the mask on the full ``T x S`` grid). Tiles wholly below the diagonal are "full"
+    (no mask evaluated inside them) unless there is padding; tiles crossing the diagonal or holding
+    padding apply the element mask; tiles above the diagonal are skipped.
+
+    Args:
+        B: batch size.
+        T, S: query and key lengths (queries are the last ``T`` of ``S`` keys, as in :func:`causal_mask`).
+        causal: apply the causal mask.
+        key_padding_mask: optional ``(B, S)`` bool, ``True`` at padding keys.
+        device: device of the block mask.
+
+    Returns:
+        A ``torch.nn.attention.flex_attention.BlockMask``, or ``None`` when nothing is masked.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if not causal and key_padding_mask is None:
+        return None
+    n = FLEX_BLOCK
+    offset = S - T
+    pad = key_padding_mask
+
+    if causal and pad is not None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx + offset) & ~pad[b, kv_idx]
+    elif causal:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return ~pad[b, kv_idx]
+
+    nq, nk = -(-T // n), -(-S // n)
+    qb = torch.arange(nq, device=device)
+    if causal:
+        last_visible = torch.clamp((qb + 1) * n, max=T) - 1 + offset  # last key seen by the tile's last query
+        n_visible = torch.clamp(torch.div(last_visible, n, rounding_mode="floor") + 1, max=nk)
+        first_row_reach = qb * n + offset  # last key seen by the tile's first query
+        n_full = torch.clamp(torch.div(first_row_reach + 1, n, rounding_mode="floor"), min=0, max=S // n)
+        n_full = torch.where((qb + 1) * n <= T, n_full, torch.zeros_like(n_full))
+    else:
+        n_visible = torch.full((nq,), nk, device=device)
+        n_full = torch.zeros_like(n_visible)
+    if pad is not None:
+        n_full = torch.zeros_like(n_full)
+    cols = torch.arange(nk, device=device)
+    partial_idx = torch.clamp(n_full[:, None] + cols[None, :], max=nk - 1)  # (nq, nk)
+    full_idx = cols.expand(nq, nk)
+    as_mask = lambda x: x.to(torch.int32).contiguous()[None, None]  # noqa: E731  (1, 1, nq, ...)
+    return BlockMask.from_kv_blocks(
+        as_mask(n_visible - n_full), as_mask(partial_idx),
+        as_mask(n_full), as_mask(full_idx),
+        BLOCK_SIZE=n, mask_mod=mask_mod, seq_lengths=(T, S),
+    )
+
+
+def _flex_unavailable_reason(q: Tensor) -> Optional[str]:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as err:  # older torch
+        return f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({err})"
+    if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+        return f"FlexAttention has no backward on the CPU in torch {torch.__version__}; use it under torch.no_grad() or on a GPU"
+    return None
+
+
+def _flex_fallback_warning(reason: str) -> None:
+    warnings.warn(f"attention backend 'flex' fell back to 'sdpa' with a materialised bias: {reason}", RuntimeWarning, stacklevel=3)
+
+
+def _flex_attention(q, k, v, bias, bias_fn, causal, key_padding_mask, scale) -> Tensor:
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    if bias is not None:  # a materialised bias is read inside the kernel (no copy, but O(T S) memory)
+        full = bias.expand(B, H, T, S)
+        bias_fn = lambda b, h, q_idx, kv_idx: full[b, h, q_idx, kv_idx]  # noqa: E731
+    score_mod = None
+    if bias_fn is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias_fn(b, h, q_idx, kv_idx)
+    block_mask = flex_block_mask(B, T, S, causal=causal, key_padding_mask=key_padding_mask, device=q.device)
+    out = _flex_kernel()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return out  # (B, H, T, Dv); queries with no visible key get 0
+
+
 def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     *,
     bias: Optional[Tensor] = None,
+    bias_fn: Optional[BiasFn] = None,
     causal: bool = False,
     key_padding_mask: Optional[Tensor] = None,
     scale: Optional[float] = None,
@@ -113,12 +266,17 @@ def attention(
         v: ``(B, H, S, Dv)`` values.
         bias: optional float tensor broadcastable to ``(B, H, T, S)``, added to the logits.
             The ``"reference"`` backend adds it in fp32 (or fp64); ``"sdpa"`` casts it to ``q.dtype``.
+        bias_fn: optional additive bias as a function ``bias_fn(b, h, q_idx, kv_idx)`` of integer
+            indices (``q_idx`` in ``0..T-1``, ``kv_idx`` in ``0..S-1``). The ``"flex"`` backend
+            evaluates it inside the kernel; the others materialise it with :func:`materialize_bias`.
+            Mutually exclusive with ``bias``.
         causal: remove keys after each query; queries are the last ``T`` of the ``S`` keys
             (see :func:`causal_mask`).
         key_padding_mask: optional ``(B, S)`` bool, ``True`` where the key is padding.
         scale: logit scale; default ``1 / sqrt(D)``.
-        backend: ``"reference"`` (explicit computation, logits and softmax in at least fp32)
-            or ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``).
+        backend: ``"reference"`` (explicit computation, logits and softmax in at least fp32),
+            ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``) or ``"flex"``
+            (compiled ``flex_attention``; see the module docstring for when it falls back).
         return_weights: also return the attention weights (``"reference"`` backend only).
 
     Returns:
@@ -128,14 +286,28 @@ def attention(
     Raises:
         TypeError: non-tensor or non-float inputs, mixed dtypes, a non-bool padding mask.
         ValueError: inconsistent shapes (the message names the tensors and their shapes),
-            an unknown backend, ``causal`` with ``T > S``, ``return_weights`` with ``"sdpa"``.
+            an unknown backend, ``causal`` with ``T > S``, ``return_weights`` without
+            ``"reference"``, both ``bias`` and ``bias_fn``.
     """
     _validate(q, k, v, bias, key_padding_mask, causal, backend)
     if return_weights and backend != "reference":
         raise ValueError(f"return_weights=True needs backend='reference', got backend={backend!r}")
+    if bias is not None and bias_fn is not None:
+        raise ValueError("give the logit bias either as a tensor (bias) or as a function (bias_fn), not both")
     B, H, T, D = q.shape
     S = k.shape[2]
     scale = D**-0.5 if scale is None else float(scale)
+    if backend == "flex":
+        reason = _flex_unavailable_reason(q)
+        if reason is None:
+            try:
+                return _flex_attention(q, k, v, bias, bias_fn, causal, key_padding_mask, scale)
+            except Exception as err:  # a failed compile must not pass silently: warn, then compute the same numbers
+                reason = f"flex_attention raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        _flex_fallback_warning(reason)
+        backend = "sdpa"
+    if bias_fn is not None:
+        bias = materialize_bias(bias_fn, B, H, T, S, device=q.device)
 
     # Combined boolean mask, True = removed, broadcastable to (B, H, T, S).
     mask = None
@@ -181,13 +353,15 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention whose position handling is delegated to a position method.
 
     Holds the query/key/value and output projections; position enters through
-    ``method.transform_qk`` and ``method.attention_bias`` in :meth:`forward`.
+    ``method.transform_qk``, ``method.attention_bias`` (or ``method.attention_bias_fn`` on the
+    flex backend) and ``method.value_term`` in :meth:`forward`.
 
     Args:
         d_model: model width ``C``.
         n_head: number of heads ``H``; must divide ``d_model``.
         bias: whether the projections have biases.
-        backend: ``"sdpa"`` (default) or ``"reference"``, passed to :func:`attention`.
+        backend: ``"sdpa"`` (default), ``"reference"`` or ``"flex"``, passed to :func:`attention`.
+            Methods with a value term (``method.needs_attention_weights``) always use ``"reference"``.
 
     Raises:
         ValueError: if ``n_head`` does not divide ``d_model`` or the backend is unknown.
@@ -237,12 +411,17 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
         q, k = method.transform_qk(q, k, positions, positions, layer)
-        bias = method.attention_bias(q, k, positions, positions, layer)
-        backend = "reference" if return_weights else self.backend
+        # A value term needs the attention weights, which only the reference backend returns.
+        want_weights = return_weights or method.needs_attention_weights
+        backend = "reference" if want_weights else self.backend
+        bias_fn = method.attention_bias_fn(q, k, positions, positions, layer) if backend == "flex" else None
+        bias = method.attention_bias(q, k, positions, positions, layer) if bias_fn is None else None
         result = attention(
-            q, k, v, bias=bias, causal=causal, key_padding_mask=key_padding_mask,
-            backend=backend, return_weights=return_weights,
+            q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
+            backend=backend, return_weights=want_weights,
         )
-        y, weights = result if return_weights else (result, None)
+        y, weights = result if want_weights else (result, None)
+        if method.needs_attention_weights:
+            y = y + method.value_term(weights, positions, positions, layer).to(y.dtype)  # (B, H, T, D)
         y = self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
         return (y, weights) if return_weights else y

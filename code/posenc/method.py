@@ -9,8 +9,16 @@ hook                   what it changes                                 examples
 ``transform_input``    token embeddings ``(B, T, C)``, once            sinusoidal, learned
 ``transform_qk``       queries ``(B, H, T, D)`` and keys ``(B, H, S, D)``  RoPE
 ``attention_bias``     attention logits, via a tensor broadcastable    ALiBi, T5, Shaw
-                       to ``(B, H, T, S)``, in every layer
+                       to ``(B, H, T, S)``, in every layer             (keys), Transformer-XL,
+                                                                       DeBERTa, TUPE
+``value_term``         attention outputs ``(B, H, T, D)``: adds         Shaw (values)
+                       ``sum_s weights[t, s] * a[t, s]``
 =====================  ==============================================  =======================
+
+``attention_bias_fn`` is an optional second form of ``attention_bias`` for the flex backend of
+:func:`posenc.attention.attention`: the same bias as a function of ``(b, h, q_idx, kv_idx)``, so
+that no ``T x S`` tensor is built. Methods that do not provide it still run on that backend (their
+materialised bias is read inside the kernel).
 
 Methods are ``nn.Module`` only so that they can hold parameters or buffers; the math lives in
 pure functions next to each method. :data:`METHODS` maps a name to a factory that builds the
@@ -121,6 +129,33 @@ class PositionMethod(nn.Module):
             may depend on the relative position ``k_positions[s] - q_positions[t]``.
         """
         return None
+
+    def attention_bias_fn(
+        self, q: Tensor, k: Tensor, q_positions: Tensor, k_positions: Tensor, layer: int
+    ) -> Optional[Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]]:
+        """Return :meth:`attention_bias` as a function ``fn(b, h, q_idx, kv_idx)``, or ``None``.
+
+        ``q_idx``/``kv_idx`` index ``q_positions``/``k_positions``. The function must give the
+        same values as :meth:`attention_bias` (tests check this for every method that has one)
+        and must use only indexing and elementwise operations on its arguments (see
+        :mod:`posenc.attention`). The default ``None`` means "materialise the bias".
+        """
+        return None
+
+    #: ``True`` for methods with a :meth:`value_term`; their attention runs on the reference backend.
+    needs_attention_weights: bool = False
+
+    def value_term(self, weights: Tensor, q_positions: Tensor, k_positions: Tensor, layer: int) -> Tensor:
+        """Position's contribution to the attention output (only if :attr:`needs_attention_weights`).
+
+        Args:
+            weights: ``(B, H, T, S)`` attention weights.
+            q_positions, k_positions, layer: as :meth:`transform_qk`.
+
+        Returns:
+            ``(B, H, T, D)``, added to ``weights @ v``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no value term")
 
     def extra_repr(self) -> str:
         return "" if self.max_positions is None else f"max_positions={self.max_positions}"
