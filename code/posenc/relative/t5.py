@@ -41,7 +41,8 @@ def t5_relative_bucket(
     *after* the query) and ``e = n // 2``: distances ``d < e`` get their own bucket ``d``; larger
     ones get ``e + floor(log(d / e) / log(max_distance / e) * (n - e))``, capped at ``n - 1``, so
     every distance ``>= max_distance`` shares the last bucket. When not bidirectional (decoders)
-    keys after the query all map to bucket 0, the query's own bucket. The logarithm is taken in
+    keys after the query all map to bucket 0, the query's own bucket. When bidirectional, bucket
+    ``n`` (the upper half's distance 0) is never used, since ``key == query`` is in the lower half. The logarithm is taken in
     float32, as in the checkpoints' code, so that bucket edges match it exactly.
 
     Args:
