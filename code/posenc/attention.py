@@ -10,8 +10,9 @@ backends that give the same numbers:
 * ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled). A bias that depends only on
   ``(batch, head, query index, key index)`` is given as a function ``bias_fn`` and evaluated
   inside the kernel, so no ``T x S`` tensor is ever built; causal and padding masks become a block
-  mask whose size is ``O(T S / 128²)``. Where flex cannot run (no backward on the CPU, a platform
-  without it, a failed compile) it falls back to ``"sdpa"`` with a ``RuntimeWarning`` that says why.
+  mask whose size is ``O(T S / 128²)``. Where flex cannot run (no backward on the CPU, head dims
+  below 32 on the CPU, a platform without it, a failed compile) it falls back to ``"sdpa"`` with a
+  ``RuntimeWarning`` that says why.
 
 A bias function has the signature ``bias_fn(b, h, q_idx, kv_idx) -> bias`` with integer tensor
 arguments (FlexAttention's ``score_mod`` without the score); it must be written with indexing and
@@ -39,6 +40,10 @@ BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 #: Tile size of FlexAttention's block mask (its default ``BLOCK_SIZE``).
 FLEX_BLOCK = 128
+
+#: Smallest head dim for which the flex backend runs on the CPU; smaller heads fall back to SDPA
+#: (torch 2.13's CPU kernel returned wrong values, even NaN, for D = 16 at lengths such as 8, 24, 40).
+FLEX_CPU_MIN_HEAD_DIM = 32
 
 
 def causal_mask(t: int, s: int, device: Union[torch.device, str, None] = None) -> Tensor:
@@ -212,13 +217,18 @@ def flex_block_mask(B: int, T: int, S: int, *, causal: bool, key_padding_mask: O
     )
 
 
-def _flex_unavailable_reason(q: Tensor) -> Optional[str]:
+def _flex_unavailable_reason(q: Tensor, k: Tensor, v: Tensor) -> Optional[str]:
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError as err:  # older torch
         return f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({err})"
-    if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return f"FlexAttention has no backward on the CPU in torch {torch.__version__}; use it under torch.no_grad() or on a GPU"
+    if q.device.type == "cpu" and min(q.shape[-1], v.shape[-1]) < FLEX_CPU_MIN_HEAD_DIM:
+        return (
+            f"head dim {q.shape[-1]} < {FLEX_CPU_MIN_HEAD_DIM}: the CPU FlexAttention kernel gave wrong results "
+            f"for such small heads at some lengths in torch 2.13 (tests/test_attention.py)"
+        )
     return None
 
 
@@ -298,7 +308,7 @@ def attention(
     S = k.shape[2]
     scale = D**-0.5 if scale is None else float(scale)
     if backend == "flex":
-        reason = _flex_unavailable_reason(q)
+        reason = _flex_unavailable_reason(q, k, v)
         if reason is None:
             try:
                 return _flex_attention(q, k, v, bias, bias_fn, causal, key_padding_mask, scale)
