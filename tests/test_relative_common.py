@@ -157,4 +157,5 @@ def test_every_relative_method_runs_on_the_flex_backend(name, device):
         torch.testing.assert_close(flex(idx), ref(idx), atol=1e-4, rtol=1e-4)
     if device.type == "cuda":  # FlexAttention has a backward pass on GPUs
         flex(idx).logsumexp(-1).mean().backward()
-        assert all(torch.isfinite(p.grad).all() for p in flex.position.parameters())
+        grads = [p.grad for p in flex.position.parameters() if p.grad is not None]  # Shaw's value table: unused here
+        assert grads and all(torch.isfinite(g).all() for g in grads)
