@@ -397,6 +397,8 @@ class SelfAttention(nn.Module):
         causal: bool = True,
         key_padding_mask: Optional[Tensor] = None,
         return_weights: bool = False,
+        cache=None,
+        key_positions: Optional[Tensor] = None,
     ) -> Union[Tensor, tuple[Tensor, Tensor]]:
         """Attend from every token to the (earlier, if ``causal``) tokens of ``x``.
 
@@ -406,8 +408,14 @@ class SelfAttention(nn.Module):
             method: the position method supplying ``transform_qk`` and ``attention_bias``.
             layer: index of this layer, passed to the method's hooks.
             causal: apply the causal mask.
-            key_padding_mask: optional ``(B, T)`` bool, ``True`` at padding tokens.
-            return_weights: also return ``(B, H, T, T)`` attention weights (uses the reference backend).
+            key_padding_mask: optional ``(B, S)`` bool, ``True`` at padding keys (``S = T`` without
+                a cache).
+            return_weights: also return ``(B, H, T, S)`` attention weights (uses the reference backend).
+            cache: optional :class:`posenc.kv_cache.KVCache`; the new keys/values (after
+                ``transform_qk``) are stored in slot ``layer`` and the queries attend to every
+                cached key. Needs ``key_positions``.
+            key_positions: ``(S,)`` positions of all keys when ``cache`` is given
+                (:meth:`~posenc.kv_cache.KVCache.reserve`).
 
         Returns:
             ``(B, T, C)`` outputs, and the weights if requested.
@@ -421,17 +429,23 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
         q, k = method.transform_qk(q, k, positions, positions, layer)
+        k_positions = positions
+        if cache is not None:  # keys are stored after the transform: never transformed again
+            if key_positions is None:
+                raise ValueError("key_positions (the positions of all cached keys) is required with a cache")
+            k, v = cache.update(layer, k, v)  # (B, H, S, D)
+            k_positions = key_positions
         # A value term needs the attention weights, which only the reference backend returns.
         want_weights = return_weights or method.needs_attention_weights
         backend = "reference" if want_weights else self.backend
-        bias_fn = method.attention_bias_fn(q, k, positions, positions, layer) if backend == "flex" else None
-        bias = method.attention_bias(q, k, positions, positions, layer) if bias_fn is None else None
+        bias_fn = method.attention_bias_fn(q, k, positions, k_positions, layer) if backend == "flex" else None
+        bias = method.attention_bias(q, k, positions, k_positions, layer) if bias_fn is None else None
         result = attention(
             q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
             backend=backend, return_weights=want_weights,
         )
         y, weights = result if want_weights else (result, None)
         if method.needs_attention_weights:
-            y = y + method.value_term(weights, positions, positions, layer).to(y.dtype)  # (B, H, T, D)
+            y = y + method.value_term(weights, positions, k_positions, layer).to(y.dtype)  # (B, H, T, D)
         y = self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
         return (y, weights) if return_weights else y

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.attention import BACKENDS, SelfAttention
+from posenc.kv_cache import KVCache
 from posenc.method import PositionMethod, build_method, check_positions
 
 
@@ -68,10 +69,10 @@ class Block(nn.Module):
         )
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x, positions, method, layer, key_padding_mask=None, return_weights=False):
+    def forward(self, x, positions, method, layer, key_padding_mask=None, return_weights=False, cache=None, key_positions=None):
         out = self.attn(
-            self.ln1(x), positions, method, layer=layer,
-            key_padding_mask=key_padding_mask, return_weights=return_weights,
+            self.ln1(x), positions, method, layer=layer, key_padding_mask=key_padding_mask,
+            return_weights=return_weights, cache=cache, key_positions=key_positions,
         )
         a, w = out if return_weights else (out, None)
         x = x + self.drop(a)  # (B, T, C)
@@ -129,22 +130,29 @@ class TinyLM(nn.Module):
         *,
         key_padding_mask: Optional[Tensor] = None,
         return_weights: bool = False,
+        cache: Optional[KVCache] = None,
     ) -> Union[Tensor, tuple[Tensor, list[Tensor]]]:
         """Next-token logits for every position.
 
         Args:
             idx: ``(B, T)`` token ids.
-            positions: ``(T,)`` integer positions; default ``0 .. T-1``.
-            key_padding_mask: optional ``(B, T)`` bool, ``True`` at padding tokens.
+            positions: ``(T,)`` integer positions; default ``0 .. T-1``, or with a cache
+                ``cache.length .. cache.length + T - 1``.
+            key_padding_mask: optional ``(B, S)`` bool, ``True`` at padding tokens (``S`` = all keys:
+                ``T``, or ``cache.length + T`` with a cache).
             return_weights: also return the attention weights of every layer.
+            cache: optional :class:`~posenc.kv_cache.KVCache` (see :func:`posenc.kv_cache.cache_for`)
+                holding earlier tokens; ``idx`` are the next tokens. Decoding one token at a time
+                gives the same logits as one call on the whole sequence.
 
         Returns:
             ``(B, T, V)`` logits; with ``return_weights``, also a list of ``n_layer`` tensors
             ``(B, H, T, T)``.
 
         Raises:
-            TypeError/ValueError: non-integer ``idx``, ids outside the vocabulary, or positions
-            that do not match ``T`` or fall outside what the position method covers.
+            TypeError/ValueError: non-integer ``idx``, ids outside the vocabulary, positions
+            that do not match ``T`` or fall outside what the position method covers, a full cache,
+            or a cache with a method that cannot use one.
         """
         if not isinstance(idx, Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
             raise TypeError(f"idx must be an integer tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")
@@ -154,17 +162,23 @@ class TinyLM(nn.Module):
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.config.vocab_size):
             raise ValueError(f"idx must be in 0..{self.config.vocab_size - 1}, got range {int(idx.min())}..{int(idx.max())}")
         if positions is None:
-            positions = torch.arange(T, device=idx.device)
+            start = 0 if cache is None else cache.length
+            positions = torch.arange(start, start + T, device=idx.device)
         check_positions(positions)
         if positions.numel() != T:
             raise ValueError(f"positions has {positions.numel()} entries but idx has T={T}")
         self.position.check(positions)
+        if cache is not None and not self.position.supports_kv_cache:
+            raise ValueError(f"{type(self.position).__name__} cannot be used with a KV cache (supports_kv_cache is False)")
+        key_positions = None if cache is None else cache.reserve(positions)  # (S,)
         x = self.tok(idx)  # (B, T, C)
         x = self.position.transform_input(x, positions)  # (B, T, C)
         weights = []
         for layer, block in enumerate(self.blocks):
-            x, w = block(x, positions, self.position, layer, key_padding_mask, return_weights)
+            x, w = block(x, positions, self.position, layer, key_padding_mask, return_weights, cache, key_positions)
             weights.append(w)
+        if cache is not None:
+            cache.advance(T)
         logits = self.head(self.ln_f(x))  # (B, T, V)
         return (logits, weights) if return_weights else logits
 

@@ -142,6 +142,10 @@ class PositionMethod(nn.Module):
         """
         return None
 
+    #: ``False`` for methods whose encoding of a token changes as the sequence grows (a token's code
+    #: depends on the final length), so that keys computed earlier cannot be cached.
+    supports_kv_cache: bool = True
+
     #: ``True`` for methods with a :meth:`value_term`; their attention runs on the reference backend.
     needs_attention_weights: bool = False
 

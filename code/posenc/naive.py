@@ -169,7 +169,12 @@ class IntegerPE(_AdditiveCode):
 
 
 class NormalizedPE(_AdditiveCode):
-    """Adds ``scale * normalized_code(...)``, the sequence length taken as ``max(positions) + 1``."""
+    """Adds ``scale * normalized_code(...)``, the sequence length taken as ``max(positions) + 1``.
+
+    Not usable with a KV cache: every token's code changes when the sequence grows.
+    """
+
+    supports_kv_cache = False
 
     def __init__(self, dim: int, *, direction: str = "alternating", scale: float = 1.0):
         super().__init__(dim, scale)

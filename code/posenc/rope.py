@@ -1,0 +1,499 @@
+"""Rotary position embedding (RoPE): rotate each pair of query/key dimensions by an angle ∝ position.
+
+Su et al. 2021 (RoFormer), arXiv:2104.09864, eqs. (13)-(16) and (34). The pairs ``(x_a, x_b)`` of a
+head of size ``D`` are rotated by ``m θ_i`` at position ``m``, with ``θ_i = base^(-2i/D)``,
+``i = 0 .. D/2 - 1``::
+
+    (x_a, x_b) -> (x_a cos mθ_i - x_b sin mθ_i,  x_b cos mθ_i + x_a sin mθ_i)
+
+so that ``<R_m q, R_n k> = <q, R_{n-m} k>`` depends on the positions only through ``n - m``
+(relative position = key - query). Which dimensions form a pair is the **layout**:
+
+* ``layout="half"``: dimension ``i`` pairs with ``i + D/2`` (GPT-NeoX; Hugging Face Llama, Qwen,
+  Mistral, Gemma, ... checkpoints and their ``rotate_half``);
+* ``layout="interleaved"``: dimension ``2i`` pairs with ``2i + 1`` (the RoFormer paper, GPT-J,
+  Meta's reference Llama code, which multiplies complex numbers).
+
+The two are the same method up to a fixed permutation of the head dimensions
+(:func:`layout_permutation`); a checkpoint trained in one layout runs in the other once its query
+and key projection rows are permuted (:func:`permute_qk_weight`).
+
+Partial rotary (GPT-NeoX, GPT-J, Phi): only the first ``R = rotary_dim`` dimensions of each head
+are rotated, the rest pass through. In :func:`apply_rope` it is implied by the width of
+``cos``/``sin``: ``R = 2 * cos.shape[-1]``.
+
+Numerics: inverse frequencies are computed in fp32 exactly as the reference implementations do
+(``1 / base ** (arange(0, R, 2) / R)``), so that they are bit-identical to those the checkpoints
+were trained with. Angles are computed in fp32 for positions below :data:`FP64_ANGLES_FROM` (bit
+identical to Hugging Face there) and in fp64 from that position on, where an fp32 angle has an
+absolute error of up to ``position * 2**-24`` radians; the decision is per position, so a
+position's cos/sin never depend on which other positions are in the same call. cos/sin are
+returned in fp32 and the rotation is computed in fp32 whatever the dtype of ``x``, rounding once
+at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from posenc.method import PositionMethod, register_method
+
+#: The two ways of pairing the dimensions of a head (see the module docstring).
+LAYOUTS = ("half", "interleaved")
+
+#: Positions from which :func:`rope_cos_sin` computes angles in fp64 (fp32 below).
+#: At position ``p`` an fp32 angle ``p * θ_0`` (``θ_0 = 1``) is off by up to ``p * 2**-24``: under
+#: ``2**-12 ≈ 2.4e-4`` rad below 4096, 0.06 rad at one million (measured in the RoPE chapter).
+FP64_ANGLES_FROM = 4096
+
+DeviceLike = Union[torch.device, str, None]
+
+
+# --------------------------------------------------------------------------- frequencies
+
+
+def _check_head_dim(head_dim, name: str = "head_dim") -> None:
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"{name} must be a positive even int (dimensions are rotated in pairs), got {head_dim!r}")
+
+
+def default_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional[int], device: DeviceLike):
+    """RoFormer's frequencies ``θ_i = base^(-2i/D)`` and attention scale 1 (no scaling).
+
+    Computed in fp32 on the CPU, as GPT-NeoX, Meta's Llama and Hugging Face's
+    ``_compute_default_rope_parameters`` do, then moved to ``device``: the values are bit-identical
+    to theirs on every device (a GPU's ``pow`` can differ from the CPU's in the last bit).
+
+    Returns:
+        ``(inv_freq, attention_scale)``: ``(D/2,)`` float32 and ``1.0``.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # (D/2,)
+    return (1.0 / (base**exponent)).to(device), 1.0
+
+
+#: Scaling name (Hugging Face's ``rope_type``) -> function ``(head_dim, base, config, seq_len, device)
+#: -> (inv_freq, attention_scale)``. Every variant shares this signature; adding one is adding an entry.
+ROPE_SCALINGS: dict[str, Callable] = {"default": default_inv_freq}
+
+
+def inverse_frequencies(
+    head_dim: int,
+    base: float = 10000.0,
+    scaling: Optional[Mapping] = None,
+    *,
+    seq_len: Optional[int] = None,
+    device: DeviceLike = None,
+) -> tuple[Tensor, float]:
+    """Inverse frequencies ``θ_i`` of RoPE and the attention scale that goes with them.
+
+    RoFormer, arXiv:2104.09864, eq. (15): ``θ_i = base^(-2i/D)``, ``i = 0 .. D/2 - 1``.
+
+    Args:
+        head_dim: number of rotated dimensions ``D`` (the head dim, or ``rotary_dim`` for partial
+            rotary); a positive even int.
+        base: the frequency base (``rope_theta`` in Hugging Face configs); > 1.
+        scaling: ``None`` for RoFormer's frequencies, or a mapping with a ``"rope_type"`` key
+            naming an entry of :data:`ROPE_SCALINGS` (plus that variant's parameters), as in a
+            Hugging Face config's ``rope_scaling``.
+        seq_len: current sequence length, for scalings that depend on it.
+        device: device of the result.
+
+    Returns:
+        ``(inv_freq, attention_scale)``: ``inv_freq`` float32 of shape ``(D/2,)``; a Python float
+        that multiplies cos and sin (1.0 without scaling).
+
+    Raises:
+        ValueError: odd or non-positive ``head_dim``, ``base <= 1``, an unknown ``rope_type``.
+        TypeError: ``scaling`` that is not a mapping.
+    """
+    _check_head_dim(head_dim)
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
+        raise ValueError(f"base must be a finite number > 1, got {base!r}")
+    if scaling is None:
+        rope_type, config = "default", {}
+    elif isinstance(scaling, Mapping):
+        rope_type, config = scaling.get("rope_type", scaling.get("type", "default")), scaling
+    else:
+        raise TypeError(f"scaling must be None or a mapping with a 'rope_type' key, got {type(scaling).__name__}")
+    if rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"unknown rope_type {rope_type!r} in scaling; known: {sorted(ROPE_SCALINGS)}")
+    inv_freq, attention_scale = ROPE_SCALINGS[rope_type](head_dim, float(base), config, seq_len, device)
+    return inv_freq, float(attention_scale)
+
+
+def wavelengths(inv_freq: Tensor) -> Tensor:
+    """Wavelength ``2π / θ_i`` of each pair, in positions: how far a token moves before pair ``i``
+    has turned a full circle. ``(D/2,)`` float64."""
+    return 2 * math.pi / inv_freq.double()
+
+
+# --------------------------------------------------------------------------- angles
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotation angles ``positions[..., None] * inv_freq``.
+
+    Angles are computed in fp32 for positions ``|p| < FP64_ANGLES_FROM`` and in fp64 from there
+    on (see the module docstring); the choice is made per position.
+
+    Args:
+        positions: integer or float tensor of any shape ``P`` (e.g. ``(T,)`` or ``(B, T)``).
+        inv_freq: ``(R/2,)`` inverse frequencies (:func:`inverse_frequencies`).
+        attention_scale: factor multiplying cos and sin (YaRN's ``mscale``; 1.0 for plain RoPE).
+
+    Returns:
+        ``(cos, sin)``, float32, each of shape ``P + (R/2,)``, on ``positions``' device.
+
+    Raises:
+        TypeError: non-tensor arguments, a bool ``positions``, an integer ``inv_freq``.
+        ValueError: ``inv_freq`` that is not 1-D, non-finite positions.
+    """
+    if not isinstance(positions, Tensor) or positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be an integer or float tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
+    if not isinstance(inv_freq, Tensor) or not inv_freq.dtype.is_floating_point:
+        raise TypeError(f"inv_freq must be a float tensor, got {getattr(inv_freq, 'dtype', type(inv_freq).__name__)}")
+    if inv_freq.dim() != 1:
+        raise ValueError(f"inv_freq must be 1-D (R/2,), got shape {tuple(inv_freq.shape)}")
+    if positions.dtype.is_floating_point and positions.numel() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite")
+    device = positions.device
+    inv32 = inv_freq.to(device=device, dtype=torch.float32)
+    far = positions.abs() >= FP64_ANGLES_FROM if positions.numel() else positions.new_zeros(positions.shape, dtype=torch.bool)
+    angles = positions.to(torch.float32)[..., None] * inv32  # P + (R/2,)
+    cos, sin = angles.cos(), angles.sin()
+    if bool(far.any()):
+        # fp64 where fp32 angles lose accuracy; MPS has no fp64, so that part runs on the CPU.
+        work = torch.device("cpu") if device.type == "mps" else device
+        p64 = positions[far].to(work, torch.float64)  # (F,)
+        a64 = p64[:, None] * inv32.to(work, torch.float64)  # (F, R/2)
+        cos[far], sin[far] = a64.cos().to(device, torch.float32), a64.sin().to(device, torch.float32)
+    if attention_scale != 1.0:
+        cos, sin = cos * attention_scale, sin * attention_scale
+    return cos, sin
+
+
+# --------------------------------------------------------------------------- rotation
+
+
+def _check_apply_args(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
+    """Validate :func:`apply_rope`'s arguments; return the number of rotated pairs ``R/2``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor) or not t.dtype.is_floating_point:
+            raise TypeError(f"{name} must be a float tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., T, D), got {tuple(x.shape)}")
+    D = x.shape[-1]
+    if D % 2:
+        raise ValueError(f"x's last dim (the head dim D) must be even to be rotated in pairs, got D={D}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    half = cos.shape[-1] if cos.dim() else 0
+    if cos.dim() < 2 or half < 1 or 2 * half > D:
+        raise ValueError(
+            f"cos/sin must have shape (..., T, R/2) with 1 <= R/2 <= D/2 = {D // 2} (R = rotated dims), "
+            f"got {tuple(cos.shape)} for x of shape {tuple(x.shape)}"
+        )
+    lead, xlead = cos.shape[:-1], x.shape[:-1]  # cos/sin must broadcast to x's leading dims, not beyond
+    if len(lead) > len(xlead) or any(c != 1 and c != n for c, n in zip(reversed(lead), reversed(xlead))):
+        raise ValueError(
+            f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x's {tuple(xlead)} + (R/2,) "
+            f"(x has shape {tuple(x.shape)})"
+        )
+    return half
+
+
+def _pairs(x: Tensor, half: int, layout: str) -> tuple[Tensor, Tensor]:
+    """The two members ``(x_a, x_b)`` of every rotated pair, as views of ``x`` of shape ``(..., T, R/2)``."""
+    if layout == "half":
+        return x[..., :half], x[..., half : 2 * half]
+    return x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+
+
+def apply_rope_eager(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") -> Tensor:
+    """:func:`apply_rope` in plain eager PyTorch: the fallback, and the function that is compiled.
+
+    ``y_a = x_a cos - x_b sin`` and ``y_b = x_b cos + x_a sin`` are computed on the pair views of
+    ``x`` in fp32 (fp64 for fp64 ``x``) and put back in the layout's order; no full-width cos/sin and
+    no rotated copy of ``x`` (``rotate_half``) are built. No input checks (see :func:`apply_rope`).
+    """
+    half = cos.shape[-1]
+    work = torch.promote_types(x.dtype, torch.float32)
+    xa, xb = _pairs(x, half, layout)  # 2 x (..., T, R/2), views of x
+    cos, sin = cos.to(work), sin.to(work)
+    ya = xa * cos - xb * sin  # (..., T, R/2); type promotion computes in `work`
+    yb = xb * cos + xa * sin
+    if layout == "half":
+        y = torch.cat([ya, yb], dim=-1)  # (..., T, R)
+    else:
+        y = torch.stack([ya, yb], dim=-1).flatten(-2)  # (..., T, R): a0 b0 a1 b1 ...
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    if 2 * half < x.shape[-1]:  # partial rotary: the remaining dims pass through
+        y = torch.cat([y, x[..., 2 * half :]], dim=-1)  # (..., T, D)
+    return y
+
+
+#: ``apply_rope(backend="auto")`` compiles for inputs with at least this many elements (a
+#: ``(1, 32, 2048, 128)`` prefill has 8.4M) and runs eagerly below, where a compiled call's fixed
+#: overhead (about 50 µs on the CPU) exceeds the work.
+COMPILE_MIN_NUMEL = 1 << 20
+
+APPLY_BACKENDS = ("auto", "eager", "compiled")
+
+_compiled: dict[str, Callable] = {}
+_compile_failed: list[str] = []
+
+
+def _apply_compiled(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """The compiled kernel (one per layout, so that the layout is not a guard); eager if it fails."""
+    if not _compile_failed:
+        if layout not in _compiled:
+            _compiled[layout] = torch.compile(functools.partial(apply_rope_eager, layout=layout))
+        try:
+            return _compiled[layout](x, cos, sin)
+        except Exception as err:  # no compiler, unsupported platform: say so once, then stay eager
+            _compile_failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            warnings.warn(
+                f"posenc.rope: torch.compile failed ({_compile_failed[0]}); apply_rope runs eagerly "
+                "from now on (same results, slower)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return apply_rope_eager(x, cos, sin, layout)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, backend: str = "auto") -> Tensor:
+    """Rotate the dimension pairs of ``x`` by the angles whose cos and sin are given.
+
+    RoFormer, arXiv:2104.09864, eq. (34): ``y_a = x_a cos - x_b sin``, ``y_b = x_b cos + x_a sin``
+    for every pair ``(a, b)`` of the layout. Only the first ``R = 2 * cos.shape[-1]`` dimensions are
+    rotated (partial rotary); the rest are copied.
+
+    Args:
+        x: ``(..., T, D)`` queries or keys, e.g. ``(B, H, T, D)``; any float dtype.
+        cos, sin: ``(..., T, R/2)`` from :func:`rope_cos_sin`, broadcastable to ``x[..., :R/2]``
+            (e.g. ``(T, R/2)`` or ``(B, 1, T, R/2)``).
+        layout: ``"half"`` (pairs ``(i, i + R/2)``) or ``"interleaved"`` (pairs ``(2i, 2i + 1)``).
+        backend: ``"eager"`` (:func:`apply_rope_eager`), ``"compiled"`` (the same function under
+            ``torch.compile``: one fused pass over ``x``, falling back to eager with a
+            ``RuntimeWarning`` if compiling fails) or ``"auto"`` (compiled from
+            :data:`COMPILE_MIN_NUMEL` elements on, eager below and inside an outer compile).
+
+    Returns:
+        Tensor of ``x``'s shape and dtype. The rotation is computed in fp32 (fp64 for fp64 ``x``)
+        and rounded once.
+
+    Raises:
+        TypeError: non-float tensors.
+        ValueError: unknown layout or backend, odd ``D``, ``R > D``, shapes that do not broadcast.
+    """
+    if backend not in APPLY_BACKENDS:
+        raise ValueError(f"backend must be one of {APPLY_BACKENDS}, got {backend!r}")
+    _check_apply_args(x, cos, sin, layout)
+    if backend == "auto":
+        backend = "compiled" if x.numel() >= COMPILE_MIN_NUMEL and not torch.compiler.is_compiling() else "eager"
+    if backend == "compiled":
+        return _apply_compiled(x, cos, sin, layout)
+    return apply_rope_eager(x, cos, sin, layout)
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def layout_permutation(head_dim: int, rotary_dim: Optional[int] = None) -> Tensor:
+    """Index permutation ``p`` with ``x_half = x_interleaved[..., p]``.
+
+    Interleaved pair ``(2i, 2i + 1)`` becomes half pair ``(i, i + R/2)``:
+    ``p = [0, 2, ..., R-2, 1, 3, ..., R-1, R, R+1, ..., D-1]`` (dims past ``R`` are not rotated and
+    stay in place). The inverse (half -> interleaved) is ``torch.argsort(p)``. With ``p`` and
+    ``cos``/``sin`` of the same positions, ``apply_rope(x[..., p], "half") ==
+    apply_rope(x, "interleaved")[..., p]``, and attention scores are unchanged.
+
+    Args:
+        head_dim: ``D``.
+        rotary_dim: ``R`` (default ``D``); even, ``<= D``.
+
+    Returns:
+        ``(D,)`` int64 permutation.
+
+    Raises:
+        ValueError: odd ``R`` or ``R > D``.
+    """
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    _check_head_dim(rotary_dim, "rotary_dim")
+    if rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+    rot = torch.arange(rotary_dim).view(rotary_dim // 2, 2).t().reshape(-1)  # (R,) 0,2,4,..,1,3,5,..
+    return torch.cat([rot, torch.arange(rotary_dim, head_dim)])
+
+
+def permute_qk_weight(
+    weight: Tensor, n_head: int, *, source: str, target: str, rotary_dim: Optional[int] = None
+) -> Tensor:
+    """Convert a query or key projection from one RoPE layout to the other.
+
+    The rows of ``weight`` (``nn.Linear`` layout, ``(n_head * D, in_features)``; a bias of shape
+    ``(n_head * D,)`` works too) are permuted within each head by :func:`layout_permutation`, so that
+    the projected queries/keys come out in the ``target`` layout. This is the permutation Hugging
+    Face's Llama conversion applies to Meta's (interleaved) checkpoints.
+
+    Args:
+        weight: ``(n_head * D, ...)`` projection weight or bias.
+        n_head: number of heads the rows are split into (key/value heads for ``k`` under GQA).
+        source, target: layouts, each ``"half"`` or ``"interleaved"``.
+        rotary_dim: ``R`` for partial rotary (default ``D``).
+
+    Returns:
+        The permuted tensor (a copy), same shape and dtype.
+
+    Raises:
+        ValueError: unknown layouts, rows not divisible into ``n_head`` heads.
+    """
+    for name, lay in (("source", source), ("target", target)):
+        if lay not in LAYOUTS:
+            raise ValueError(f"{name} must be one of {LAYOUTS}, got {lay!r}")
+    if not isinstance(n_head, int) or n_head < 1 or weight.shape[0] % n_head:
+        raise ValueError(f"n_head must be a positive int dividing weight.shape[0]={weight.shape[0]}, got {n_head!r}")
+    D = weight.shape[0] // n_head
+    if source == target:
+        return weight.clone()
+    perm = layout_permutation(D, rotary_dim).to(weight.device)
+    if source == "half":
+        perm = torch.argsort(perm)
+    w = weight.reshape(n_head, D, *weight.shape[1:])  # (H, D, ...)
+    return w[:, perm].reshape(weight.shape)
+
+
+# --------------------------------------------------------------------------- 2-D (axial) RoPE
+
+
+def axial_rope_cos_sin(
+    rows: Tensor, cols: Tensor, head_dim: int, base: float = 100.0
+) -> tuple[Tensor, Tensor]:
+    """cos/sin of axial 2-D RoPE: half of the pairs turn with the row, half with the column.
+
+    Heo et al. 2024, arXiv:2403.13298, "RoPE-Axial" (eq. 10): pairs ``0 .. D/4 - 1`` use angles
+    ``row * θ_j`` and pairs ``D/4 .. D/2 - 1`` use ``col * θ_j``, with ``θ_j`` the 1-D frequencies
+    of a head of size ``D/2``. Scores then depend on ``(Δrow, Δcol)`` only. Use the result with
+    :func:`apply_rope` in either layout.
+
+    Args:
+        rows, cols: ``(N,)`` integer grid coordinates of the ``N`` patches.
+        head_dim: ``D``, a multiple of 4.
+        base: frequency base (the paper uses 100 for images).
+
+    Returns:
+        ``(cos, sin)``, float32, each ``(N, D/2)``.
+
+    Raises:
+        ValueError: ``D`` not a multiple of 4, ``rows``/``cols`` of different shapes.
+    """
+    if not isinstance(head_dim, int) or head_dim % 4 or head_dim < 4:
+        raise ValueError(f"head_dim must be a positive multiple of 4 for axial 2-D RoPE, got {head_dim!r}")
+    if rows.shape != cols.shape:
+        raise ValueError(f"rows and cols must have the same shape, got {tuple(rows.shape)} and {tuple(cols.shape)}")
+    inv_freq, _ = inverse_frequencies(head_dim // 2, base, device=rows.device)  # (D/4,)
+    cr, sr = rope_cos_sin(rows, inv_freq)  # (N, D/4)
+    cc, sc = rope_cos_sin(cols, inv_freq)
+    return torch.cat([cr, cc], dim=-1), torch.cat([sr, sc], dim=-1)  # (N, D/2)
+
+
+# --------------------------------------------------------------------------- the module
+
+
+class RotaryEmbedding(PositionMethod):
+    """RoPE as a position method: rotates queries and keys in every layer; no parameters.
+
+    cos/sin of positions ``0 .. max_positions - 1`` are cached as non-persistent fp32 buffers,
+    built in ``__init__`` or by :meth:`build_cache`; positions outside the cache raise
+    ``ValueError`` (call :meth:`build_cache` with a larger size). The cache stays fp32 when the
+    model is cast (``model.to(torch.bfloat16)``): it is rebuilt instead of rounded.
+
+    With a KV cache, keys are stored rotated by their own positions, and a new query at position
+    ``m`` is rotated by ``m``: nothing stored is ever rotated again (see the RoPE chapter).
+
+    Args:
+        head_dim: ``D``.
+        max_positions: size of the cos/sin cache.
+        base: frequency base (``rope_theta``).
+        rotary_dim: ``R``, number of rotated dims per head (default ``D``).
+        layout: ``"half"`` or ``"interleaved"``.
+        scaling: as in :func:`inverse_frequencies`.
+
+    Raises:
+        ValueError: invalid sizes, base or layout.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        base: float = 10000.0,
+        *,
+        rotary_dim: Optional[int] = None,
+        layout: str = "half",
+        scaling: Optional[Mapping] = None,
+    ):
+        super().__init__()
+        _check_head_dim(head_dim)
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        _check_head_dim(rotary_dim, "rotary_dim")
+        if rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.head_dim, self.rotary_dim, self.base, self.layout, self.scaling = head_dim, rotary_dim, base, layout, scaling
+        inv_freq, self.attention_scale = inverse_frequencies(rotary_dim, base, scaling, seq_len=max_positions)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
+        self.build_cache(max_positions)
+
+    def build_cache(self, max_positions: int) -> None:
+        """(Re)build the cos/sin cache for positions ``0 .. max_positions - 1`` in fp32."""
+        if not isinstance(max_positions, int) or isinstance(max_positions, bool) or max_positions < 1:
+            raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
+        inv_freq = self.inv_freq.float()
+        positions = torch.arange(max_positions, device=inv_freq.device)
+        cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale)  # (N, R/2)
+        self.register_buffer("cos_cached", cos, persistent=False)
+        self.register_buffer("sin_cached", sin, persistent=False)
+        self.max_positions = max_positions
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.cos_cached.dtype != torch.float32:  # a model-wide cast: rebuild, never round
+            self.inv_freq = inverse_frequencies(self.rotary_dim, self.base, self.scaling, device=self.cos_cached.device)[0]
+            self.build_cache(self.max_positions)
+        return self
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Cached ``(cos, sin)`` of ``positions``, each ``positions.shape + (R/2,)``, fp32."""
+        self.check(positions)
+        return self.cos_cached[positions], self.sin_cached[positions]
+
+    def transform_qk(self, q, k, q_positions, k_positions, layer):
+        """Rotate ``q`` ``(B, H, T, D)`` by ``q_positions`` and ``k`` ``(B, H, S, D)`` by ``k_positions``."""
+        cq, sq = self.cos_sin(q_positions)  # (T, R/2)
+        ck, sk = (cq, sq) if k_positions is q_positions else self.cos_sin(k_positions)  # (S, R/2)
+        return apply_rope(q, cq, sq, self.layout), apply_rope(k, ck, sk, self.layout)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+            f"layout={self.layout!r}, max_positions={self.max_positions}"
+        )
+
+
+@register_method("rope")
+def _rope(config) -> RotaryEmbedding:
+    return RotaryEmbedding(config.d_model // config.n_head, config.max_len)
