@@ -1,4 +1,4 @@
-"""Peak memory and time of causal attention with a T5 relative bias, on every attention backend.
+"""Peak memory and time of causal attention with a relative bias (T5 or ALiBi), on every attention backend.
 
 Compares, at T = S in {1024, 4096, 8192}, H = 8, D = 64, batch 1, float32:
 
@@ -8,15 +8,16 @@ Compares, at T = S in {1024, 4096, 8192}, H = 8, D = 64, batch 1, float32:
 * ``flex``: ``flex_attention`` evaluating the bias inside the kernel from a (H, T + S - 1) table.
 
 The bias comes from :class:`posenc.relative.T5RelativeBias` (decoder setting: 32 buckets, max
-distance 128), built inside the timed call as a model would build it every forward pass. Each
+distance 128; ``--method t5``, the default) or :class:`posenc.alibi.ALiBi` (``--method alibi``),
+built inside the timed call as a model would build it every forward pass. Each
 configuration runs in its own process, so peak memory is measured cleanly: on CUDA with
 ``torch.cuda.max_memory_allocated``, on the CPU from the process's peak resident set (``VmHWM``,
 reset through ``/proc/self/clear_refs``, Linux only). Outputs are compared with the reference
 backend (or with ``sdpa + bias`` where the reference is skipped).
 
-Usage: python benchmarks/relative_bias.py [--device cuda] [--lengths 1024 4096 8192] [--json results/relative_bias_cpu.json]
-Prints a Markdown table; with ``--json``, also saves the rows (the chapter on relative methods shows
-the saved CPU and GPU results from ``benchmarks/results/``).
+Usage: python benchmarks/relative_bias.py [--method alibi] [--device cuda] [--lengths 1024 4096 8192] [--json results/relative_bias_cpu.json]
+Prints a Markdown table; with ``--json``, also saves the rows (the chapters on relative methods and
+on ALiBi show the saved CPU and GPU results from ``benchmarks/results/``).
 """
 
 from __future__ import annotations
@@ -42,17 +43,27 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def run_one(T: int, backend: str, device: torch.device, repeats: int, out_path: str) -> dict:
+METHODS = ("t5", "alibi")
+
+
+def build_bias_method(name: str, H: int):
+    """The position method whose bias is measured."""
+    from posenc.alibi import ALiBi
+    from posenc.relative import T5RelativeBias
+
+    return ALiBi(H) if name == "alibi" else T5RelativeBias(H, bidirectional=False)
+
+
+def run_one(T: int, backend: str, device: torch.device, repeats: int, out_path: str, method_name: str = "t5") -> dict:
     """Measure one configuration in this process; save the output tensor to ``out_path``."""
     from attention_backends import bench  # sibling script (this folder is put on PYTHONPATH by main)
     from posenc.attention import attention
-    from posenc.relative import T5RelativeBias
 
     torch.manual_seed(0)
     H, D = 8, 64
     q, k, v = (torch.randn(1, H, T, D, device=device) for _ in range(3))
     pos = torch.arange(T, device=device)
-    method = T5RelativeBias(H, bidirectional=False).to(device)
+    method = build_bias_method(method_name, H).to(device)
 
     def call():
         if backend == "sdpa, no bias":
@@ -86,6 +97,7 @@ def run_one(T: int, backend: str, device: torch.device, repeats: int, out_path: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", choices=METHODS, default="t5", help="which relative bias to measure")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=5)
@@ -96,11 +108,11 @@ def main() -> None:
     device = torch.device(args.device)
     if args.single:
         T, backend, out_path = int(args.single[0]), args.single[1], args.single[2]
-        print(json.dumps(run_one(T, backend, device, args.repeats, out_path)))
+        print(json.dumps(run_one(T, backend, device, args.repeats, out_path, args.method)))
         return
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    header = f"{name}, torch {torch.__version__} (B=1, H=8, D=64, float32, causal, T5 bias)"
+    header = f"{name}, torch {torch.__version__} (B=1, H=8, D=64, float32, causal, {'ALiBi' if args.method == 'alibi' else 'T5'} bias)"
     print(header + "\n")
     results = []
     print("| T | backend | time (ms) | peak memory (MiB) | peak / bias-free SDPA | max abs diff vs reference |")
@@ -113,7 +125,7 @@ def main() -> None:
                 if backend == "reference" and T > args.skip_reference_above:
                     continue
                 path = os.path.join(tmp, f"{T}-{backend.replace(' ', '_').replace(',', '').replace('+', 'plus')}.pt")
-                cmd = [sys.executable, __file__, "--device", args.device, "--repeats", str(args.repeats),
+                cmd = [sys.executable, __file__, "--method", args.method, "--device", args.device, "--repeats", str(args.repeats),
                        "--single", str(T), backend, path]
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if done.returncode != 0:

@@ -29,7 +29,7 @@ Where position enters a model (see :mod:`posenc.method`):
 
 from posenc.attention import SelfAttention, attention, causal_mask
 from posenc.method import METHODS, NoPE, PositionMethod, build_method, register_method
-from posenc import absolute, naive, recursive, relative, rope  # noqa: F401  (register their methods)
+from posenc import absolute, alibi, naive, recursive, relative, rope  # noqa: F401  (register their methods)
 from posenc.lm import LMConfig, TinyLM
 
 __version__ = "0.1.0"
