@@ -1,4 +1,4 @@
-"""Tests of posenc.notebook: glue with and without MyST-NB, and the claims table."""
+"""Tests of posenc.notebook: glue with and without MyST-NB, the claims table, and time_ms."""
 
 import builtins
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc.notebook import claims_table, glue
+from posenc.notebook import claims_table, glue, time_ms
 
 LEDGER = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
 
@@ -63,3 +63,16 @@ def test_claims_table_errors(tmp_path):
         claims_table(str(tmp_path / "missing.yml"))
     with pytest.raises(ValueError, match="no claim id starts with prefix='zz-'"):
         claims_table(str(LEDGER), prefix="zz-")
+
+
+def test_time_ms_runs_warmup_plus_repeats_and_returns_the_median():
+    calls = []
+    ms = time_ms(lambda: calls.append(1), repeats=5, warmup=2)
+    assert len(calls) == 7 and isinstance(ms, float) and ms >= 0
+    import time
+
+    assert 15 <= time_ms(lambda: time.sleep(0.02), repeats=3, warmup=0) < 1000
+    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
+        time_ms(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
+        time_ms(lambda: None, warmup=-1)

@@ -95,3 +95,35 @@ def claims_table(path: str | None = None, prefix: str = ""):
             f"| {cell(e['id'])} | {cell(e['source'])} | {cell(e['claim'])} | **{e['verdict']}** | {cell(e['note'])} | {refs} |"
         )
     return Markdown("\n".join(rows))
+
+
+def time_ms(fn, repeats: int = 7, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in milliseconds, for the small live measurements in chapters.
+
+    Runs ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; when CUDA is initialised the
+    device is synchronised around each call so that queued kernels are counted. For numbers the
+    book reports, use the scripts in ``benchmarks/`` instead.
+
+    Raises:
+        ValueError: if ``repeats < 1`` or ``warmup < 0``.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
