@@ -11,7 +11,18 @@ For both layouts, float32 and bfloat16, a prefill shape ``(1, 32, 2048, 128)`` a
   full-width cos/sin cast to ``x``'s dtype (for ``interleaved``, the GPT-J style pair swap);
 * ``posenc eager``: :func:`posenc.rope.apply_rope` with ``backend="eager"``;
 * ``posenc compiled``: ``backend="compiled"`` (``torch.compile`` of the same function);
-* ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below.
+* ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below;
+* ``candidate: packed pairs`` (bf16, interleaved only): :func:`rotate_packed_pairs` below under
+  ``torch.compile``, a candidate kernel that is not part of ``posenc``: it reads each interleaved
+  16-bit pair as one 32-bit word, which may help a GPU (one load and one store per pair instead of
+  two 16-bit elements at stride 2). On a 2-core CPU it is no faster than ``posenc compiled``.
+
+On the CPU the result's allocation can cost more than the computation: glibc gives a freed block
+above its mmap threshold (adaptive, at most 32 MiB) back to the system, and the next fresh result is
+faulted in page by page. PyTorch's CPU tensors come from malloc, so a real model pays this too, but
+it hides the kernels' own speed. For kernel-only numbers run with
+``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296`` (glibc then keeps freed
+memory); each row records these settings and the commit it measured.
 
 Reports the median wall time per call (what a Python caller waits, launch overheads included), the
 effective bandwidth (bytes of ``x`` read + written over that time), the ratio to the copy, the
@@ -37,6 +48,23 @@ from attention_backends import bench  # noqa: E402
 
 from posenc.rope import RotaryEmbedding, apply_rope  # noqa: E402
 
+MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def posenc_commit() -> str | None:
+    """The repository commit being measured (``+changes`` if the working tree differs), or None."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
 
 def rotate_half_hf(x: torch.Tensor) -> torch.Tensor:
     """Hugging Face's ``rotate_half`` (half layout): ``cat(-x2, x1)``."""
@@ -52,6 +80,20 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
 def hf_eager(x, cos_full, sin_full, layout):
     rot = rotate_half_hf(x) if layout == "half" else rotate_every_two(x)
     return x * cos_full + rot * sin_full
+
+
+def rotate_packed_pairs(words: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Candidate kernel: interleaved RoPE of a 16-bit ``x`` read as 32-bit words.
+
+    ``words = x.view(torch.int32)`` ``(..., T, D/2)`` holds one pair per element, ``x_2i`` in the
+    low 16 bits (little-endian). Unpack, rotate in fp32, round each member once to ``dtype``, repack:
+    the same bits as ``apply_rope_eager``. cos/sin: ``(T, D/2)`` fp32. Returns int32 words.
+    """
+    xa = words.to(torch.int16).view(dtype).float()  # int32 -> int16 keeps the low half
+    xb = (words >> 16).to(torch.int16).view(dtype).float()
+    ya = (xa * cos - xb * sin).to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+    yb = (xb * cos + xa * sin).to(dtype).view(torch.int16).to(torch.int32) << 16
+    return ya | yb
 
 
 def kernel_ms(fn, repeats: int) -> float:
@@ -76,8 +118,11 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device={name} torch={torch.__version__}\n")
+    commit = posenc_commit()
+    malloc = " ".join(f"{k}={os.environ[k]}" for k in MALLOC_ENV if k in os.environ) or "glibc defaults"
+    print(f"device={name} torch={torch.__version__} commit={commit} malloc: {malloc}\n")
     rope = RotaryEmbedding(128, 32768).to(device)
+    packed = torch.compile(rotate_packed_pairs)
     rows = []
     cuda_cols = (" kernel µs | kernel bandwidth, % of copy |", " --- | --- |") if device.type == "cuda" else ("", "")
     print("| shape | dtype | layout | impl | ms | GB/s | × copy | speed-up vs hf |" + cuda_cols[0])
@@ -101,9 +146,13 @@ def main() -> None:
                     "posenc compiled": lambda: apply_rope(x, cos, sin, layout, backend="compiled"),
                     "posenc auto": lambda: apply_rope(x, cos, sin, layout),
                 }
+                if layout == "interleaved" and dtype == torch.bfloat16 and sys.byteorder == "little":
+                    impls["candidate: packed pairs"] = lambda: packed(x.view(torch.int32), cos, sin, x.dtype).view(x.dtype)
                 eager_out = impls["posenc eager"]()
-                diff = (impls["posenc compiled"]().float() - eager_out.float()).abs().max().item()
+                diff = max((impls[k]().float() - eager_out.float()).abs().max().item()
+                           for k in ("posenc compiled", "candidate: packed pairs") if k in impls)
                 hf_diff = (impls["hf eager"]().float() - eager_out.float()).abs().max().item()
+                assert diff <= 2 ** -5, f"a compiled kernel disagrees with the eager one by {diff}"  # < 1 bf16 ulp at |y| < 8
                 ms = {k: bench(f, reps, device) for k, f in impls.items()}
                 kms = {k: kernel_ms(f, reps) for k, f in impls.items()} if device.type == "cuda" else {}
                 nbytes = 2 * x.numel() * x.element_size()
@@ -112,6 +161,7 @@ def main() -> None:
                         shape=list(shape), dtype=str(dtype).replace("torch.", ""), layout=layout, impl=impl, ms=t,
                         gbps=nbytes / t / 1e6, x_copy=t / ms["copy"], speedup_vs_hf=ms["hf eager"] / t,
                         max_diff_compiled_vs_eager=diff, max_diff_hf_vs_eager=hf_diff, device=name,
+                        malloc={k: os.environ[k] for k in MALLOC_ENV if k in os.environ}, commit=commit,
                     )
                     if kms:
                         row.update(kernel_ms=kms[impl], kernel_gbps=nbytes / kms[impl] / 1e6,

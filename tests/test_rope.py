@@ -261,6 +261,26 @@ def test_compiled_path_gives_the_eager_results(layout, device):
             torch.testing.assert_close(compiled, eager, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=0)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_halves_are_rounded_to_the_input_dtype_before_they_are_joined(layout):
+    # so that a compiled kernel writes bf16 directly instead of a full fp32 intermediate (on the CPU
+    # this made the bf16 half-layout kernel 3.5x faster); the rotation itself runs in fp32
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("cat", "stack"):
+                joins.append([t.dtype for t in args[0]])
+            return func(*args, **(kwargs or {}))
+
+    joins = []
+    c, s = cos_sin(5, 16)
+    x = torch.randn(2, 5, 24, dtype=torch.bfloat16)  # partial rotary: 16 of 24 dims
+    with Record():
+        apply_rope_eager(x, c, s, layout)
+    assert joins and all(d == torch.bfloat16 for dtypes in joins for d in dtypes)
+
+
 def test_auto_backend_is_eager_for_small_inputs(monkeypatch):
     import posenc.rope as rope
 

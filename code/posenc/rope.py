@@ -229,14 +229,14 @@ def apply_rope_eager(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") 
     work = torch.promote_types(x.dtype, torch.float32)
     xa, xb = _pairs(x, half, layout)  # 2 x (..., T, R/2), views of x
     cos, sin = cos.to(work), sin.to(work)
-    ya = xa * cos - xb * sin  # (..., T, R/2); type promotion computes in `work`
-    yb = xb * cos + xa * sin
+    # (..., T, R/2) each; computed in `work` by type promotion and rounded to x's dtype before they
+    # are joined, so that a compiled kernel writes x's dtype directly (no `work`-sized intermediate)
+    ya = (xa * cos - xb * sin).to(x.dtype)
+    yb = (xb * cos + xa * sin).to(x.dtype)
     if layout == "half":
         y = torch.cat([ya, yb], dim=-1)  # (..., T, R)
     else:
         y = torch.stack([ya, yb], dim=-1).flatten(-2)  # (..., T, R): a0 b0 a1 b1 ...
-    if y.dtype != x.dtype:
-        y = y.to(x.dtype)
     if 2 * half < x.shape[-1]:  # partial rotary: the remaining dims pass through
         y = torch.cat([y, x[..., 2 * half :]], dim=-1)  # (..., T, D)
     return y
