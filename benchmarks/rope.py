@@ -52,7 +52,8 @@ MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def posenc_commit() -> str | None:
-    """The repository commit being measured (``+changes`` if the working tree differs), or None."""
+    """The repository commit being measured (``+changes`` if its code or benchmark scripts differ
+    from it; saved results do not count), or None outside a git checkout."""
     import subprocess
 
     def git(*args: str) -> str:
@@ -60,7 +61,7 @@ def posenc_commit() -> str | None:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
 
     try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)code", ":(top)benchmarks/*.py")
         return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
