@@ -12,6 +12,9 @@ For both layouts, float32 and bfloat16, a prefill shape ``(1, 32, 2048, 128)`` a
 * ``posenc eager``: :func:`posenc.rope.apply_rope` with ``backend="eager"``;
 * ``posenc compiled``: ``backend="compiled"`` (``torch.compile`` of the same function);
 * ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below;
+* ``compiled, rounded after join`` (bf16): ``posenc.rope.apply_rope_eager`` as it was before
+  commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor, under
+  ``torch.compile``: the compiler then writes an fp32 intermediate and converts it in a second pass;
 * ``candidate: packed pairs`` (bf16, interleaved only): :func:`rotate_packed_pairs` below under
   ``torch.compile``, a candidate kernel that is not part of ``posenc``: it reads each interleaved
   16-bit pair as one 32-bit word, which may help a GPU (one load and one store per pair instead of
@@ -83,6 +86,15 @@ def hf_eager(x, cos_full, sin_full, layout):
     return x * cos_full + rot * sin_full
 
 
+def rope_rounded_after_join(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The rotation with the halves joined in fp32 and the result rounded afterwards (for comparison;
+    same values as ``apply_rope_eager``). Full rotary only: cos/sin ``(T, D/2)``."""
+    xa, xb = (x[..., ::2], x[..., 1::2]) if layout == "interleaved" else x.chunk(2, dim=-1)
+    ya, yb = xa * cos - xb * sin, xb * cos + xa * sin  # fp32 by type promotion
+    y = torch.stack([ya, yb], dim=-1).flatten(-2) if layout == "interleaved" else torch.cat([ya, yb], dim=-1)
+    return y.to(x.dtype)
+
+
 def rotate_packed_pairs(words: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Candidate kernel: interleaved RoPE of a 16-bit ``x`` read as 32-bit words.
 
@@ -123,7 +135,7 @@ def main() -> None:
     malloc = " ".join(f"{k}={os.environ[k]}" for k in MALLOC_ENV if k in os.environ) or "glibc defaults"
     print(f"device={name} torch={torch.__version__} commit={commit} malloc: {malloc}\n")
     rope = RotaryEmbedding(128, 32768).to(device)
-    packed = torch.compile(rotate_packed_pairs)
+    packed, after_join = torch.compile(rotate_packed_pairs), torch.compile(rope_rounded_after_join)
     rows = []
     cuda_cols = (" kernel µs | kernel bandwidth, % of copy |", " --- | --- |") if device.type == "cuda" else ("", "")
     print("| shape | dtype | layout | impl | ms | GB/s | × copy | speed-up vs hf |" + cuda_cols[0])
@@ -147,11 +159,13 @@ def main() -> None:
                     "posenc compiled": lambda: apply_rope(x, cos, sin, layout, backend="compiled"),
                     "posenc auto": lambda: apply_rope(x, cos, sin, layout),
                 }
+                if dtype == torch.bfloat16:
+                    impls["compiled, rounded after join"] = lambda: after_join(x, cos, sin, layout)
                 if layout == "interleaved" and dtype == torch.bfloat16 and sys.byteorder == "little":
                     impls["candidate: packed pairs"] = lambda: packed(x.view(torch.int32), cos, sin, x.dtype).view(x.dtype)
                 eager_out = impls["posenc eager"]()
                 diff = max((impls[k]().float() - eager_out.float()).abs().max().item()
-                           for k in ("posenc compiled", "candidate: packed pairs") if k in impls)
+                           for k in ("posenc compiled", "compiled, rounded after join", "candidate: packed pairs") if k in impls)
                 hf_diff = (impls["hf eager"]().float() - eager_out.float()).abs().max().item()
                 assert diff <= 2 ** -5, f"a compiled kernel disagrees with the eager one by {diff}"  # < 1 bf16 ulp at |y| < 8
                 ms = {k: bench(f, reps, device) for k, f in impls.items()}
