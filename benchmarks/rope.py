@@ -14,7 +14,8 @@ For both layouts, float32 and bfloat16, a prefill shape ``(1, 32, 2048, 128)`` a
 * ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below;
 * ``compiled, rounded after join`` (bf16): ``posenc.rope.apply_rope_eager`` as it was before
   commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor, under
-  ``torch.compile``: the compiler then writes an fp32 intermediate and converts it in a second pass;
+  ``torch.compile``: on the CPU the compiler then writes an fp32 intermediate of the whole result
+  (twice the result's memory) and rounds it in a second pass;
 * ``candidate: packed pairs`` (bf16, interleaved only): :func:`rotate_packed_pairs` below under
   ``torch.compile``, a candidate kernel that is not part of ``posenc``: it reads each interleaved
   16-bit pair as one 32-bit word, which may help a GPU (one load and one store per pair instead of

@@ -230,7 +230,8 @@ def apply_rope_eager(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") 
     xa, xb = _pairs(x, half, layout)  # 2 x (..., T, R/2), views of x
     cos, sin = cos.to(work), sin.to(work)
     # (..., T, R/2) each; computed in `work` by type promotion and rounded to x's dtype before they
-    # are joined, so that a compiled kernel writes x's dtype directly (no `work`-sized intermediate)
+    # are joined, so that a compiled kernel writes x's dtype directly: no `work`-sized intermediate
+    # of the whole result (twice the memory of a bf16 result, and a second pass to round it)
     ya = (xa * cos - xb * sin).to(x.dtype)
     yb = (xb * cos + xa * sin).to(x.dtype)
     if layout == "half":
