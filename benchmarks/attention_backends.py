@@ -13,19 +13,36 @@ import torch
 from posenc.attention import attention
 
 
+def _seconds(fn, device: torch.device) -> float:
+    """Wall time of one call of ``fn``, the GPU's queued work included."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def bench(fn, repeats: int, device: torch.device) -> float:
+    """Median milliseconds per call of ``fn`` over ``repeats`` calls, after 3 warm-up calls."""
     for _ in range(3):
         fn()
-    times = []
+    return 1e3 * statistics.median(_seconds(fn, device) for _ in range(repeats))
+
+
+def bench_in_turns(fns: dict, repeats: int, device: torch.device) -> dict:
+    """Median milliseconds per call of each function, timed in turns (a, b, c, a, b, c, ...), so
+    that the slow and fast phases of a noisy machine fall on all of them alike and their ratios
+    hold better than those of functions timed one after the other."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    times: dict = {name: [] for name in fns}
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+        for name, fn in fns.items():
+            times[name].append(_seconds(fn, device))
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:

@@ -30,10 +30,12 @@ memory); each row records these settings and the commit it measured.
 
 Reports the median wall time per call (what a Python caller waits, launch overheads included), the
 effective bandwidth (bytes of ``x`` read + written over that time), the ratio to the copy, the
-speed-up over ``hf eager``, and the largest difference between the compiled and eager outputs. On
-CUDA it also reports the GPU kernel time per call (from ``torch.profiler``) and the bandwidth the
-kernels reach, as a percentage of the copy kernel's: at these sizes a call's wall time is mostly
-the CPU's launch overhead, which the GPU's own time does not include.
+speed-up over ``hf eager``, and the largest difference between the compiled and eager outputs. The
+implementations of one configuration are timed in turns, so that the slow phases of a noisy machine
+fall on all of them alike. On CUDA it also reports the GPU kernel time per call (from
+``torch.profiler``) and the bandwidth the kernels reach, as a percentage of the copy kernel's: at
+these sizes a call's wall time is mostly the CPU's launch overhead, which the GPU's own time does
+not include.
 
 Usage: python benchmarks/rope.py [--device cuda] [--repeats 30] [--json results/rope_cpu.json]
 """
@@ -48,7 +50,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from attention_backends import bench  # noqa: E402
+from attention_backends import bench_in_turns  # noqa: E402
 
 from posenc.rope import RotaryEmbedding, apply_rope  # noqa: E402
 
@@ -169,7 +171,7 @@ def main() -> None:
                            for k in ("posenc compiled", "compiled, rounded after join", "candidate: packed pairs") if k in impls)
                 hf_diff = (impls["hf eager"]().float() - eager_out.float()).abs().max().item()
                 assert diff <= 2 ** -5, f"a compiled kernel disagrees with the eager one by {diff}"  # < 1 bf16 ulp at |y| < 8
-                ms = {k: bench(f, reps, device) for k, f in impls.items()}
+                ms = bench_in_turns(impls, reps, device)
                 kms = {k: kernel_ms(f, reps) for k, f in impls.items()} if device.type == "cuda" else {}
                 nbytes = 2 * x.numel() * x.element_size()
                 for impl, t in ms.items():
