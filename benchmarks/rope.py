@@ -12,10 +12,11 @@ For both layouts, float32 and bfloat16, a prefill shape ``(1, 32, 2048, 128)`` a
 * ``posenc eager``: :func:`posenc.rope.apply_rope` with ``backend="eager"``;
 * ``posenc compiled``: ``backend="compiled"`` (``torch.compile`` of the same function);
 * ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below;
-* ``compiled, rounded after join`` (bf16): ``posenc.rope.apply_rope_eager`` as it was before
-  commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor, under
-  ``torch.compile``: on the CPU the compiler then writes an fp32 intermediate of the whole result
-  (twice the result's memory) and rounds it in a second pass;
+* ``compiled, rounded after join`` (bf16): :func:`rope_rounded_after_join` below under
+  ``torch.compile``, a full-rotary restatement of ``posenc.rope.apply_rope_eager`` as it was before
+  commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor: on the
+  CPU the compiler then writes an fp32 intermediate of the whole result (twice the result's memory)
+  and rounds it in a second pass;
 * ``candidate: packed pairs`` (bf16, interleaved only): :func:`rotate_packed_pairs` below under
   ``torch.compile``, a candidate kernel that is not part of ``posenc``: it reads each interleaved
   16-bit pair as one 32-bit word, which may help a GPU (one load and one store per pair instead of
@@ -26,18 +27,19 @@ above its mmap threshold (adaptive, at most 32 MiB) back to the system, and the 
 faulted in page by page. PyTorch's CPU tensors come from malloc, so a real model pays this too, but
 it hides the kernels' own speed. For kernel-only numbers run with
 ``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=4294967296`` (glibc then keeps freed
-memory); each row records these settings and the commit it measured.
+memory); each row records these settings, the torch version and the repository commit of the run.
 
 Reports the median wall time per call (what a Python caller waits, launch overheads included), the
 effective bandwidth (bytes of ``x`` read + written over that time), the ratio to the copy, the
 speed-up over ``hf eager``, and the largest difference between the compiled and eager outputs. The
 implementations of one configuration are timed in turns, so that the slow phases of a noisy machine
 fall on all of them alike. On CUDA it also reports the GPU kernel time per call (from
-``torch.profiler``) and the bandwidth the kernels reach, as a percentage of the copy kernel's: at
-these sizes a call's wall time is mostly the CPU's launch overhead, which the GPU's own time does
-not include.
+``torch.profiler``, one implementation after the other) and the bandwidth the kernels reach, as a
+percentage of the copy kernel's: at these sizes the wall time of a compiled call or a copy is mostly
+the CPU's launch overhead, which the GPU's own time does not include.
 
-Usage: python benchmarks/rope.py [--device cuda] [--repeats 30] [--json results/rope_cpu.json]
+Usage (from the repository root): python benchmarks/rope.py [--device cuda] [--repeats 30]
+[--json benchmarks/results/rope_cpu.json]
 """
 
 from __future__ import annotations
@@ -180,6 +182,7 @@ def main() -> None:
                         gbps=nbytes / t / 1e6, x_copy=t / ms["copy"], speedup_vs_hf=ms["hf eager"] / t,
                         max_diff_compiled_vs_eager=diff, max_diff_hf_vs_eager=hf_diff, device=name,
                         malloc={k: os.environ[k] for k in MALLOC_ENV if k in os.environ}, commit=commit,
+                        torch=torch.__version__,
                     )
                     if kms:
                         row.update(kernel_ms=kms[impl], kernel_gbps=nbytes / kms[impl] / 1e6,
