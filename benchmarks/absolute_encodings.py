@@ -10,15 +10,11 @@ Prints a Markdown table (microseconds per call, median of repeats).
 """
 
 import argparse
-import pathlib
-import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from attention_backends import bench  # noqa: E402  (the shared timing loop)
-
-from posenc.absolute import HybridPE, LearnedPE, LowRankPE, SinusoidalPE, sinusoidal_table  # noqa: E402
+from posenc.absolute import HybridPE, LearnedPE, LowRankPE, SinusoidalPE, sinusoidal_table
+from posenc.notebook import time_ms
 
 
 def main() -> None:
@@ -49,7 +45,7 @@ def main() -> None:
                     fn = lambda: x + table[positions]  # noqa: E731
                 else:
                     fn = lambda m=methods[name]: m.transform_input(x, positions)  # noqa: E731
-                us[name] = 1e3 * bench(fn, args.repeats, device)
+                us[name] = 1e3 * time_ms(fn, args.repeats, warmup=3)
         params = [sum(p.numel() for p in methods[n].parameters()) for n in ("learned", "low-rank r=64")]
         print(f"| {B} | {T} | {C} | " + " | ".join(f"{us[n]:.0f}" for n in names) + f" | {params[0]:,} / {params[1]:,} |")
 

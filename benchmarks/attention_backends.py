@@ -6,43 +6,24 @@ Prints a Markdown table (milliseconds per call, median of repeats).
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from posenc.attention import attention
+from posenc.notebook import time_ms
 
 
-def _seconds(fn, device: torch.device) -> float:
-    """Wall time of one call of ``fn``, the GPU's queued work included."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def bench(fn, repeats: int, device: torch.device) -> float:
-    """Median milliseconds per call of ``fn`` over ``repeats`` calls, after 3 warm-up calls."""
-    for _ in range(3):
-        fn()
-    return 1e3 * statistics.median(_seconds(fn, device) for _ in range(repeats))
-
-
-def bench_in_turns(fns: dict, repeats: int, device: torch.device) -> dict:
+def bench_in_turns(fns: dict, repeats: int) -> dict:
     """Median milliseconds per call of each function, timed in turns (a, b, c, a, b, c, ...), so
     that the slow and fast phases of a noisy machine fall on all of them alike and their ratios
-    hold better than those of functions timed one after the other."""
+    hold better than those of functions timed one after the other (3 warm-up calls each)."""
     for fn in fns.values():
-        for _ in range(3):
-            fn()
+        time_ms(fn, repeats=1, warmup=2)
     times: dict = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            times[name].append(_seconds(fn, device))
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+            times[name].append(time_ms(fn, repeats=1, warmup=0))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -60,7 +41,7 @@ def main() -> None:
         bias = torch.randn(1, H, T, T, device=device, dtype=dtype)
         for causal, b in [(True, None), (True, bias)]:
             ms = {
-                backend: bench(lambda: attention(q, k, v, bias=b, causal=causal, backend=backend), args.repeats, device)
+                backend: time_ms(lambda: attention(q, k, v, bias=b, causal=causal, backend=backend), args.repeats, warmup=3)
                 for backend in ("reference", "sdpa")
             }
             print(f"| {B} | {H} | {T} | {D} | {causal} | {b is not None} | {ms['reference']:.2f} | {ms['sdpa']:.2f} |")

@@ -56,8 +56,8 @@ def build_bias_method(name: str, H: int):
 
 def run_one(T: int, backend: str, device: torch.device, repeats: int, out_path: str, method_name: str = "t5") -> dict:
     """Measure one configuration in this process; save the output tensor to ``out_path``."""
-    from attention_backends import bench  # sibling script (this folder is put on PYTHONPATH by main)
     from posenc.attention import attention
+    from posenc.notebook import time_ms
 
     torch.manual_seed(0)
     H, D = 8, 64
@@ -91,7 +91,7 @@ def run_one(T: int, backend: str, device: torch.device, repeats: int, out_path: 
             out = call()
             peak = (_rss_kib("VmHWM") - base) * 1024
         torch.save(out.cpu(), out_path)
-        ms = bench(call, repeats, device)
+        ms = time_ms(call, repeats, warmup=3)
     return {"T": T, "backend": backend, "ms": ms, "peak_bytes": peak}
 
 
@@ -117,7 +117,6 @@ def main() -> None:
     results = []
     print("| T | backend | time (ms) | peak memory (MiB) | peak / bias-free SDPA | max abs diff vs reference |")
     print("| --- | --- | --- | --- | --- | --- |")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryDirectory() as tmp:
         for T in args.lengths:
             rows, outs = [], {}
@@ -127,7 +126,7 @@ def main() -> None:
                 path = os.path.join(tmp, f"{T}-{backend.replace(' ', '_').replace(',', '').replace('+', 'plus')}.pt")
                 cmd = [sys.executable, __file__, "--method", args.method, "--device", args.device, "--repeats", str(args.repeats),
                        "--single", str(T), backend, path]
-                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
                     print(f"| {T} | {backend} | failed: {done.stderr.strip().splitlines()[-1]} | | | |")
                     continue

@@ -173,7 +173,7 @@ def main() -> None:
                            for k in ("posenc compiled", "compiled, rounded after join", "candidate: packed pairs") if k in impls)
                 hf_diff = (impls["hf eager"]().float() - eager_out.float()).abs().max().item()
                 assert diff <= 2 ** -5, f"a compiled kernel disagrees with the eager one by {diff}"  # < 1 bf16 ulp at |y| < 8
-                ms = bench_in_turns(impls, reps, device)
+                ms = bench_in_turns(impls, reps)
                 kms = {k: kernel_ms(f, reps) for k, f in impls.items()} if device.type == "cuda" else {}
                 nbytes = 2 * x.numel() * x.element_size()
                 for impl, t in ms.items():
