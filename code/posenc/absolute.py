@@ -93,7 +93,7 @@ def sinusoidal_table(
 
     Raises:
         ValueError: if ``num_positions < 1``, ``dim`` is not a positive even int, ``base <= 1``,
-        or the layout is unknown.
+            or the layout is unknown.
     """
     if not isinstance(num_positions, int) or isinstance(num_positions, bool) or num_positions < 1:
         raise ValueError(f"num_positions must be a positive int, got {num_positions!r}")
@@ -196,7 +196,7 @@ def extend_table(
     Raises:
         TypeError: if ``table`` is not a floating-point tensor.
         ValueError: if ``table`` is not a non-empty 2-D tensor, ``num_positions < N``, ``init`` is
-        unknown, or ``std <= 0``.
+            unknown, or ``std <= 0``.
     """
     _check_table(table)
     n = table.shape[0]

@@ -250,7 +250,8 @@ class ALiBi(RelativeScalarBias):
     when the model is cast.
 
     Raises:
-        TypeError/ValueError: invalid ``num_heads``, ``placement``, ``head_dim`` or ``slopes``.
+        TypeError: if ``symmetric`` is not a bool.
+        ValueError: invalid ``num_heads``, ``placement``, ``head_dim`` or ``slopes``.
     """
 
     def __init__(

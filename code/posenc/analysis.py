@@ -104,7 +104,7 @@ def numerical_rank(table: Tensor, rtol: float | None = None) -> int:
     Raises:
         TypeError: if ``table`` is not a floating-point tensor.
         ValueError: if ``table`` is not 2-D, is empty, or has a non-finite entry; if ``rtol`` is
-        not a real number ``>= 0``.
+            not a real number ``>= 0``.
     """
     s = singular_values(table)  # (min(N, C),)
     if rtol is None:
@@ -133,7 +133,7 @@ def effective_rank(table: Tensor, energy: float = 0.99) -> int:
     Raises:
         TypeError: if ``table`` is not a floating-point tensor.
         ValueError: if ``table`` is not 2-D, is empty, or has a non-finite entry; if ``energy`` is
-        not a real number in ``(0, 1]``.
+            not a real number in ``(0, 1]``.
     """
     if not isinstance(energy, Real) or isinstance(energy, bool) or not 0 < energy <= 1:
         raise ValueError(f"energy must be a real number in (0, 1], got {energy!r}")
@@ -166,7 +166,7 @@ def best_rank_k(table: Tensor, k: int) -> tuple[Tensor, float]:
     Raises:
         TypeError: if ``table`` is not a floating-point tensor.
         ValueError: if ``table`` is not 2-D, is empty, or has a non-finite entry; if ``k`` is not an
-        int in ``0..min(N, C)``.
+            int in ``0..min(N, C)``.
     """
     p = _as_float64(table)  # (N, C)
     _check_int_in("k", k, 0, min(p.shape))

@@ -44,7 +44,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+#: Padding modes of the probe's convolutions (the ``padding_mode`` of :class:`torch.nn.Conv1d`).
 PADDING_MODES = ("zeros", "circular", "reflect", "replicate")
+#: Content-free inputs the probe can read (a constant, or noise of fixed statistics).
 INPUT_KINDS = ("constant", "noise")
 
 
@@ -260,11 +262,11 @@ class PositionProbeCNN(nn.Module):
 class ProbeResult:
     """What :func:`train_position_probe` measured."""
 
-    losses: list[float]  # training MSE at every step, before the update
-    mse: float  # evaluation MSE, over locations (and noise samples)
-    within_one: float  # fraction of locations predicted within ±1 place of the truth
-    target_variance: float  # Var(t): the least MSE of a network that knows no position
-    prediction: Tensor  # (L,) float64 on the CPU: mean prediction per location
+    losses: list[float]  #: training MSE at every step, before the update
+    mse: float  #: evaluation MSE, over locations (and noise samples)
+    within_one: float  #: fraction of locations predicted within ±1 place of the truth
+    target_variance: float  #: Var(t), the least MSE of a network that knows no position
+    prediction: Tensor  #: mean prediction per location, (L,) float64 on the CPU
 
 
 def train_position_probe(
@@ -302,7 +304,7 @@ def train_position_probe(
     Raises:
         TypeError: if ``model`` is not a :class:`PositionProbeCNN`.
         ValueError: for a bad ``length``, ``steps``, ``input_kind``, ``batch_size``, ``eval_batch``
-        or ``lr``.
+            or ``lr``.
     """
     if not isinstance(model, PositionProbeCNN):
         raise TypeError(f"model must be a PositionProbeCNN, got {type(model).__name__}")

@@ -93,7 +93,7 @@ def complex_order_embedding(amplitude: Tensor, frequency: Tensor, phase: Tensor,
     Raises:
         TypeError: if a parameter is not a floating-point tensor or ``positions`` is not an integer tensor.
         ValueError: if the parameters differ in shape or are not at least 2-D, ``positions`` is not
-        1-D, non-negative and of length ``T``.
+            1-D, non-negative and of length ``T``.
     """
     for x, name in ((amplitude, "amplitude"), (frequency, "frequency"), (phase, "phase")):
         _check_float(x, name)
@@ -288,7 +288,7 @@ class ComplexOrderEmbedding(nn.Module):
         Raises:
             TypeError: if ``tokens`` or ``positions`` is not an integer tensor.
             ValueError: if ``tokens`` is not 1-D or 2-D, has an id outside ``0 .. V - 1``, or its
-            length differs from that of ``positions``.
+                length differs from that of ``positions``.
         """
         integer = isinstance(tokens, Tensor) and not (tokens.dtype.is_floating_point or tokens.dtype.is_complex)
         if not integer or tokens.dtype == torch.bool:

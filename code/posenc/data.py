@@ -29,12 +29,12 @@ from torch import Tensor
 class Corpus:
     """A byte corpus split into training and validation bytes by file."""
 
-    train: Tensor  # (N_train,) uint8
-    val: Tensor  # (N_val,) uint8
-    train_files: tuple[str, ...]  # file names, in corpus order
+    train: Tensor  #: (N_train,) uint8
+    val: Tensor  #: (N_val,) uint8
+    train_files: tuple[str, ...]  #: file names, in corpus order
     val_files: tuple[str, ...]
-    root: str  # directory the files were read from
-    fingerprint: str  # first 16 hex digits of the SHA-256 of all bytes (train then val)
+    root: str  #: directory the files were read from
+    fingerprint: str  #: first 16 hex digits of the SHA-256 of all bytes (train then val)
 
     def describe(self) -> str:
         """One line: files, bytes per split, origin and fingerprint."""
@@ -142,9 +142,9 @@ def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None) -> t
 class Task:
     """A batch of a synthetic task: next-token targets, scored only where ``mask`` is True."""
 
-    inputs: Tensor  # (B, T) int64 bytes
-    targets: Tensor  # (B, T) int64, targets[:, t] = full_sequence[:, t + 1]
-    mask: Tensor  # (B, T) bool, True where the target is part of the answer
+    inputs: Tensor  #: (B, T) int64 bytes
+    targets: Tensor  #: (B, T) int64, the next token of every input (``inputs`` shifted by one)
+    mask: Tensor  #: (B, T) bool, True where the target is part of the answer
 
     def text(self, row: int = 0) -> str:
         """The full byte sequence of one example (input plus final target), decoded."""

@@ -25,15 +25,15 @@ from posenc.method import PositionMethod, build_method, check_positions
 class LMConfig:
     """Size of the tiny LM. Defaults train in about a minute on two CPU cores."""
 
-    vocab_size: int = 256  # V: bytes
-    d_model: int = 64  # C: model width
-    n_layer: int = 2  # number of Transformer blocks
-    n_head: int = 4  # H: heads per block (D = C / H)
-    max_len: int = 128  # training context length; finite position tables are sized from it
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * C
-    dropout: float = 0.0  # dropout after attention and MLP (0 keeps training deterministic)
-    attn_backend: str = "sdpa"  # "sdpa" or "reference" (see posenc.attention.attention)
-    seed: int = 0  # seed of the parameter initialisation (does not touch the global RNG)
+    vocab_size: int = 256  #: vocabulary size V (bytes)
+    d_model: int = 64  #: model width C
+    n_layer: int = 2  #: number of Transformer blocks
+    n_head: int = 4  #: heads per block H (head dim D = C / H)
+    max_len: int = 128  #: training context length; finite position tables are sized from it
+    mlp_ratio: int = 4  #: MLP hidden width = mlp_ratio * C
+    dropout: float = 0.0  #: dropout after attention and MLP (0 keeps training deterministic)
+    attn_backend: str = "sdpa"  #: "sdpa" or "reference" (see posenc.attention.attention)
+    seed: int = 0  #: seed of the parameter initialisation (does not touch the global RNG)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layer", "n_head", "max_len", "mlp_ratio"):
@@ -150,9 +150,10 @@ class TinyLM(nn.Module):
             ``(B, H, T, T)``.
 
         Raises:
-            TypeError/ValueError: non-integer ``idx``, ids outside the vocabulary, positions
-            that do not match ``T`` or fall outside what the position method covers, a full cache,
-            or a cache with a method that cannot use one.
+            TypeError: if ``idx`` is not an integer tensor.
+            ValueError: ``idx`` not of shape ``(B, T)``, ids outside the vocabulary, positions that do
+                not match ``T`` or fall outside what the position method covers, a full cache, or a
+                cache with a method that cannot use one.
         """
         if not isinstance(idx, Tensor) or idx.dtype.is_floating_point or idx.dtype == torch.bool:
             raise TypeError(f"idx must be an integer tensor of token ids, got {getattr(idx, 'dtype', type(idx))}")

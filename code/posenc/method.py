@@ -3,17 +3,17 @@
 A position method can act at any of the three places position enters a Transformer
 (source 002 §1.3); it overrides only the hooks it needs and inherits the identity for the rest:
 
-=====================  ==============================================  =======================
-hook                   what it changes                                 examples
-=====================  ==============================================  =======================
-``transform_input``    token embeddings ``(B, T, C)``, once            sinusoidal, learned
-``transform_qk``       queries ``(B, H, T, D)`` and keys ``(B, H, S, D)``  RoPE
-``attention_bias``     attention logits, via a tensor broadcastable    ALiBi, T5, Shaw
-                       to ``(B, H, T, S)``, in every layer             (keys), Transformer-XL,
-                                                                       DeBERTa, TUPE
-``value_term``         attention outputs ``(B, H, T, D)``: adds         Shaw (values)
+=====================  ====================================================  ========================
+hook                   what it changes                                       examples
+=====================  ====================================================  ========================
+``transform_input``    token embeddings ``(B, T, C)``, once                  sinusoidal, learned
+``transform_qk``       queries ``(B, H, T, D)`` and keys ``(B, H, S, D)``    RoPE
+``attention_bias``     attention logits, via a tensor broadcastable          ALiBi, T5, Shaw
+                       to ``(B, H, T, S)``, in every layer                   (keys), Transformer-XL,
+                                                                             DeBERTa, TUPE
+``value_term``         attention outputs ``(B, H, T, D)``: adds              Shaw (values)
                        ``sum_s weights[t, s] * a[t, s]``
-=====================  ==============================================  =======================
+=====================  ====================================================  ========================
 
 ``attention_bias_fn`` is an optional second form of ``attention_bias`` for the flex backend of
 :func:`posenc.attention.attention`: the same bias as a function of ``(b, h, q_idx, kv_idx)``, so
@@ -21,7 +21,7 @@ that no ``T x S`` tensor is built. Methods that do not provide it still run on t
 materialised bias is read inside the kernel).
 
 Methods are ``nn.Module`` only so that they can hold parameters or buffers; the math lives in
-pure functions next to each method. :data:`METHODS` maps a name to a factory that builds the
+pure functions next to each method. :data:`~posenc.method.METHODS` maps a name to a factory that builds the
 method for a model configuration, so experiments can loop over every method with no special
 cases::
 
@@ -122,7 +122,7 @@ class PositionMethod(nn.Module):
     ) -> Optional[Tensor]:
         """Return an additive bias for the attention logits, or ``None`` for no bias.
 
-        Args: as :meth:`transform_qk`.
+        Args: as :meth:`~posenc.method.PositionMethod.transform_qk`.
 
         Returns:
             ``None`` or a tensor broadcastable to ``(B, H, T, S)``; entry ``[..., t, s]``
@@ -150,11 +150,11 @@ class PositionMethod(nn.Module):
     needs_attention_weights: bool = False
 
     def value_term(self, weights: Tensor, q_positions: Tensor, k_positions: Tensor, layer: int) -> Tensor:
-        """Position's contribution to the attention output (only if :attr:`needs_attention_weights`).
+        """Position's contribution to the attention output (only if :attr:`~posenc.method.PositionMethod.needs_attention_weights`).
 
         Args:
             weights: ``(B, H, T, S)`` attention weights.
-            q_positions, k_positions, layer: as :meth:`transform_qk`.
+            q_positions, k_positions, layer: as :meth:`~posenc.method.PositionMethod.transform_qk`.
 
         Returns:
             ``(B, H, T, D)``, added to ``weights @ v``.
@@ -176,7 +176,7 @@ METHODS: dict[str, Factory] = {}
 
 
 def register_method(name: str) -> Callable[[Factory], Factory]:
-    """Decorator adding a factory to :data:`METHODS` under ``name``.
+    """Decorator adding a factory to :data:`~posenc.method.METHODS` under ``name``.
 
     Raises:
         ValueError: if ``name`` is already registered.

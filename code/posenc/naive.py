@@ -53,7 +53,8 @@ def integer_code(
         ``(N, dim)``; row ``n`` has every entry of magnitude ``positions[n]``.
 
     Raises:
-        TypeError/ValueError: invalid positions, ``dim`` or ``direction``.
+        TypeError: if ``positions`` is not an integer tensor.
+        ValueError: invalid positions, ``dim`` or ``direction``.
     """
     check_positions(positions)
     _check_dim(dim)
@@ -85,8 +86,8 @@ def normalized_code(
         ``(N, dim)``.
 
     Raises:
-        TypeError/ValueError: invalid positions, ``dim``, ``direction``, or ``length`` not above
-        every position.
+        TypeError: if ``positions`` is not an integer tensor.
+        ValueError: invalid positions, ``dim``, ``direction``, or ``length`` not above every position.
     """
     check_positions(positions)
     _check_dim(dim)
@@ -113,8 +114,9 @@ def binary_code(
         ``(N, dim)`` with entries in ``{0, 1}``: ``code[n, j] = (positions[n] >> j) & 1`` for ``j < num_bits``.
 
     Raises:
-        TypeError/ValueError: invalid positions or ``dim``; ``num_bits`` out of range; a position
-        that needs more than ``num_bits`` bits (its code would collide with a smaller position's).
+        TypeError: if ``positions`` is not an integer tensor.
+        ValueError: invalid positions or ``dim``; ``num_bits`` out of range; a position that needs
+            more than ``num_bits`` bits (its code would collide with a smaller position's).
     """
     check_positions(positions)
     _check_dim(dim)

@@ -26,17 +26,17 @@ from posenc.lm import next_token_loss
 class TrainConfig:
     """Hyper-parameters of :func:`train`."""
 
-    steps: int = 300  # optimiser steps
-    batch_size: int = 16  # B: windows per step
-    seq_len: int = 128  # T: training context length
-    lr: float = 3e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # final learning rate = min_lr_ratio * lr
-    warmup_steps: int = 30  # linear warmup from lr / warmup_steps to lr
-    weight_decay: float = 0.1  # AdamW decoupled weight decay, on matrices only
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
-    grad_clip: float = 1.0  # max global gradient norm (0 disables clipping)
-    seed: int = 0  # seed of the data order
-    progress: bool = True  # show a tqdm progress bar
+    steps: int = 300  #: optimiser steps
+    batch_size: int = 16  #: windows per step (B)
+    seq_len: int = 128  #: training context length T
+    lr: float = 3e-3  #: peak learning rate
+    min_lr_ratio: float = 0.1  #: final learning rate = min_lr_ratio * lr
+    warmup_steps: int = 30  #: linear warmup from lr / warmup_steps to lr
+    weight_decay: float = 0.1  #: AdamW decoupled weight decay, on matrices only
+    betas: tuple[float, float] = (0.9, 0.95)  #: AdamW betas
+    grad_clip: float = 1.0  #: max global gradient norm (0 disables clipping)
+    seed: int = 0  #: seed of the data order
+    progress: bool = True  #: show a tqdm progress bar
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
@@ -76,10 +76,10 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class TrainResult:
     """What :func:`train` recorded."""
 
-    losses: list[float] = field(default_factory=list)  # training loss (nats/token) at every step, penalty excluded
-    penalties: list[float] = field(default_factory=list)  # value of the penalty term at every step (0 without one)
-    lrs: list[float] = field(default_factory=list)  # learning rate used at every step
-    seconds: float = 0.0  # wall-clock time of the loop
+    losses: list[float] = field(default_factory=list)  #: training loss (nats/token) at every step, penalty excluded
+    penalties: list[float] = field(default_factory=list)  #: value of the penalty term at every step (0 without one)
+    lrs: list[float] = field(default_factory=list)  #: learning rate used at every step
+    seconds: float = 0.0  #: wall-clock time of the loop
 
     def smoothed(self, window: int = 20) -> list[float]:
         """Running mean of the training loss over the last ``window`` steps.
@@ -176,9 +176,9 @@ def _penalty_value(penalty: Callable[[], Tensor]) -> Tensor:
 class EvalResult:
     """Loss of a model on windows of one length."""
 
-    seq_len: int  # T: window length
-    num_windows: int  # windows averaged
-    loss_per_position: Tensor  # (T,) mean loss (nats) of the prediction made at each position
+    seq_len: int  #: window length T
+    num_windows: int  #: windows averaged
+    loss_per_position: Tensor  #: (T,) mean loss (nats) of the prediction made at each position
 
     @property
     def loss(self) -> float:
@@ -204,7 +204,7 @@ def evaluate(
 
     Raises:
         ValueError: if ``data`` is too short, or from the model if ``seq_len`` is beyond what its
-        position method covers.
+            position method covers.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

@@ -28,7 +28,8 @@ def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
         ``(T, S)`` int64, entry ``[t, s] = k_positions[s] - q_positions[t]``.
 
     Raises:
-        TypeError/ValueError: as :func:`posenc.method.check_positions`.
+        TypeError: if a position tensor is not an integer tensor.
+        ValueError: if a position tensor is not 1-D or has a negative entry.
     """
     check_positions(q_positions, "q_positions")
     check_positions(k_positions, "k_positions")

@@ -76,7 +76,8 @@ def deberta_relative_ids(
         ``(c2p_ids, p2c_ids)``, int64 in ``0 .. 2k - 1``, each of the shape of ``relative_position``.
 
     Raises:
-        TypeError/ValueError: bad input types or values (the message names the argument).
+        TypeError: if ``relative_position`` is not an integer tensor.
+        ValueError: if ``span`` is not a positive int, ``max_position`` is out of range, or ``p2c`` is unknown.
     """
     check_int_tensor(relative_position, "relative_position")
     check_positive_int(span, "span")
