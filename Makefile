@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHAPTERS := $(sort $(wildcard book/*.ipynb))
-# Two processes share the cores in `make test`; one BLAS/OpenMP thread each avoids oversubscription.
+# Two test processes share the cores in `make test`; one BLAS/OpenMP thread each avoids oversubscription.
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PYDEVD_DISABLE_FILE_VALIDATION=1 POSENC_REQUIRE_TRANSFORMERS=1
 # In CI the browser test must run (Chromium is installed there), not skip.
 BROWSER_ENV := $(if $(filter true,$(CI)),POSENC_REQUIRE_BROWSER=1)
@@ -26,24 +26,24 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build .
 	@echo "Book: file://$(CURDIR)/_build/html/index.html"
 
-## make test: unit tests + nbval on every chapter, side by side with a strict book build, then
-## the built HTML in headless Chromium (tests/browser/) as soon as the build is done
+## make test: unit tests and every chapter under nbval (two processes), then the strict book build
+## (which renders the chapters from what nbval executed), then the built HTML in headless Chromium
 test: $(STAMP)
 	@set -e -o pipefail; rm -rf _build/.jupyter_cache _build/html _build/jupyter_execute _build/browser _*.rc; \
-	  ( set +e; $(MAKE) --no-print-directory chromium > _chromium.log 2>&1; echo $$? > _chromium.rc ) & \
-	  ( set +e; $(TEST_ENV) $(MAKE) --no-print-directory build-strict > _build-strict.log 2>&1; echo $$? > _build-strict.rc; \
-	    while [ ! -f _chromium.rc ]; do sleep 2; done; \
-	    if [ "$$(cat _build-strict.rc)" = 0 ]; then \
-	      $(TEST_ENV) $(BROWSER_ENV) $(PY) -m pytest tests/browser -p no:cacheprovider > _browser.log 2>&1; echo $$? > _browser.rc; \
-	    else echo "not run: the strict book build failed" > _browser.log; echo 1 > _browser.rc; fi ) & \
-	  pid=$$!; status=0; \
-	  $(TEST_ENV) $(PY) -m pytest tests --ignore=tests/browser $(CHAPTERS) --nbval-lax --nbval-current-env -p no:cacheprovider 2>&1 | tee _pytest.log || status=$$?; \
-	  wait $$pid; brc=$$(cat _build-strict.rc); wrc=$$(cat _browser.rc); \
+	  ( set +e; $(MAKE) --no-print-directory chromium > _chromium.log 2>&1; echo $$? > _chromium.rc ) & cpid=$$!; \
+	  status=0; brc=0; wrc=0; \
+	  $(TEST_ENV) POSENC_NB_CACHE=_build/.jupyter_cache $(PY) -m pytest -n 2 --dist loadfile $(CHAPTERS) tests \
+	    --ignore=tests/browser --nbval-lax --nbval-current-env -p no:cacheprovider 2>&1 | tee _pytest.log || status=$$?; \
+	  $(TEST_ENV) $(MAKE) --no-print-directory build-strict > _build-strict.log 2>&1 || brc=$$?; \
+	  wait $$cpid || true; \
+	  if [ $$brc -eq 0 ]; then \
+	    $(TEST_ENV) $(BROWSER_ENV) $(PY) -m pytest tests/browser -p no:cacheprovider > _browser.log 2>&1 || wrc=$$?; \
+	  else echo "not run: the strict book build failed" > _browser.log; wrc=1; fi; \
 	  echo "---- Chromium for the browser test ----"; tail -n 2 _chromium.log; \
 	  echo "---- strict book build (exit $$brc): last lines of _build-strict.log ----"; tail -n 15 _build-strict.log; \
 	  echo "---- browser test of the built HTML (exit $$wrc): _browser.log; per-page table in _build/browser/pages.md ----"; \
 	  grep -E "^(FAILED|ERROR|SKIPPED)" _browser.log | head -n 20 || true; tail -n 1 _browser.log; \
-	  rm -f _build-strict.rc _browser.rc _chromium.rc; \
+	  rm -f _chromium.rc; \
 	  echo "---- pytest (unit tests + nbval on $(words $(CHAPTERS)) notebooks), exit $$status ----"; tail -n 1 _pytest.log; \
 	  count() { grep -Eo "[0-9]+ $$1" "$$2" | tail -n 1 | cut -d' ' -f1; }; \
 	  p=$$(( $$(count passed _pytest.log || echo 0) + $$(count passed _browser.log || echo 0) )); \
