@@ -221,16 +221,8 @@ def _forwards_to(path: Path) -> str | None:
 
 
 def _evaluate_after_load(page, url: str) -> dict:
-    """Open ``url`` and run :data:`INSPECT_JS` once the page that stays is loaded (``index.html``
-    forwards to the first chapter)."""
+    """Open ``url`` and run :data:`INSPECT_JS` on it once it has loaded."""
     page.goto(url, wait_until="load")
-    for _ in range(3):
-        try:
-            return page.evaluate(INSPECT_JS)
-        except Exception as exc:  # playwright's Error: the page navigated away while evaluating
-            if "context was destroyed" not in str(exc):
-                raise
-            page.wait_for_load_state("load")
     return page.evaluate(INSPECT_JS)
 
 
