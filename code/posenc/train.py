@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.std import tqdm
 
-from posenc.data import eval_windows, random_batch
+from posenc.data import Task, eval_windows, random_batch
 from posenc.lm import next_token_loss
 
 
@@ -123,11 +123,63 @@ def train(
 
     Raises:
         ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``.
-        TypeError: if ``penalty`` is not callable, or returns something other than a scalar tensor.
+        TypeError: if ``data`` is not a 1-D tensor, or ``penalty`` is not callable or returns
+            something other than a scalar tensor.
     """
+    if not isinstance(data, Tensor) or data.dim() != 1:
+        raise TypeError(f"data must be a 1-D tensor of token ids, got {type(data).__name__}")
+
+    def next_batch(generator: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
+        return x, y, None
+
+    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len)
+
+
+def train_task(model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig) -> TrainResult:
+    """Train ``model`` on a synthetic task, scoring only the answer tokens.
+
+    The loss is the mean cross-entropy over the positions where :attr:`Task.mask` is True, so the
+    model is not asked to predict the random part of the input (which carries no signal). Every
+    step draws a fresh batch from ``task(cfg.batch_size, generator)``; ``cfg.seq_len`` is ignored
+    (the task fixes the length). Same optimiser, schedule and repeatability as :func:`train`.
+
+    Args:
+        model: maps ``(B, T)`` ids to ``(B, T, V)`` logits.
+        task: e.g. ``functools.partial(posenc.data.copy_task, length=24)``, called as
+            ``task(batch_size, generator)`` and returning a :class:`~posenc.data.Task`.
+        cfg: hyper-parameters; ``seed`` seeds the stream of examples.
+
+    Returns:
+        The per-step losses (nats per answer token) and learning rates. The model is left in eval mode.
+
+    Raises:
+        TypeError: if ``task`` is not callable or does not return a :class:`~posenc.data.Task`.
+        ValueError: if the task's sequences are longer than the model's ``config.max_len``.
+    """
+    if not callable(task):
+        raise TypeError(f"task must be a callable (batch_size, generator) -> Task, got {type(task).__name__}")
+
+    def next_batch(generator: torch.Generator, device: torch.device) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        batch = task(cfg.batch_size, generator)
+        if not isinstance(batch, Task):
+            raise TypeError(f"task must return a posenc.data.Task, got {type(batch).__name__}")
+        _check_length(model, batch.inputs.shape[1], "the task's sequence length")
+        return batch.inputs.to(device), batch.targets.to(device), batch.mask.to(device)
+
+    return _fit(model, cfg, next_batch, None, seq_len=None)
+
+
+def _check_length(model: nn.Module, length: int, what: str) -> None:
     max_len = getattr(getattr(model, "config", None), "max_len", None)
-    if max_len is not None and cfg.seq_len > max_len:
-        raise ValueError(f"cfg.seq_len={cfg.seq_len} exceeds the model's max_len={max_len}")
+    if max_len is not None and length > max_len:
+        raise ValueError(f"{what}={length} exceeds the model's max_len={max_len}")
+
+
+def _fit(model, cfg, next_batch, penalty, seq_len) -> TrainResult:
+    """The optimisation loop shared by :func:`train` and :func:`train_task`."""
+    if seq_len is not None:
+        _check_length(model, seq_len, "cfg.seq_len")
     if penalty is not None and not callable(penalty):
         raise TypeError(f"penalty must be a callable returning a scalar tensor, or None, got {type(penalty).__name__}")
     device = _device_of(model)
@@ -146,8 +198,11 @@ def train(
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
-        loss = next_token_loss(model(x), y)
+        x, y, mask = next_batch(generator, device)
+        if mask is None:
+            loss = next_token_loss(model(x), y)
+        else:
+            loss = next_token_loss(model(x), y, reduction="none")[mask].mean()
         extra = _penalty_value(penalty) if penalty is not None else None
         optimizer.zero_grad(set_to_none=True)
         (loss if extra is None else loss + extra).backward()
@@ -227,3 +282,51 @@ def evaluate_lengths(
 ) -> dict[int, EvalResult]:
     """:func:`evaluate` at each window length in ``lengths`` (e.g. 1x, 2x, 4x the training length)."""
     return {int(n): evaluate(model, data, int(n), num_windows=num_windows, batch_size=batch_size) for n in lengths}
+
+
+@dataclass
+class TaskAccuracy:
+    """Accuracy of a model on a synthetic task."""
+
+    num_examples: int  #: rows scored
+    token_accuracy: float  #: fraction of answer tokens predicted exactly (greedy, teacher-forced)
+    exact_match: float  #: fraction of rows whose every answer token is right
+    answer_loss: float  #: mean cross-entropy (nats) on the answer tokens
+
+
+@torch.no_grad()
+def task_accuracy(
+    model: nn.Module, task: Callable[[int, torch.Generator], Task], *, num_examples: int = 512,
+    seed: int = 12345, batch_size: int = 64,
+) -> TaskAccuracy:
+    """Greedy, teacher-forced accuracy on ``num_examples`` fresh examples of ``task``.
+
+    The examples come from their own generator (``seed``), so they differ from the training
+    stream of :func:`train_task` (whose seed is ``cfg.seed``) except by chance.
+
+    Raises:
+        ValueError: if ``num_examples`` or ``batch_size`` is not a positive int.
+    """
+    for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    device = _device_of(model)
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    right = total = rows_right = 0
+    loss_sum = 0.0
+    try:
+        for start in range(0, num_examples, batch_size):
+            batch = task(min(batch_size, num_examples - start), generator)
+            x, y, mask = (t.to(device) for t in (batch.inputs, batch.targets, batch.mask))
+            logits = model(x)  # (B, T, V)
+            hit = (logits.argmax(-1) == y) | ~mask  # (B, T), True off the answer
+            right += int((hit & mask).sum())
+            total += int(mask.sum())
+            rows_right += int(hit.all(-1).sum())
+            loss_sum += float(next_token_loss(logits, y, reduction="none")[mask].sum())
+    finally:
+        model.train(was_training)
+    return TaskAccuracy(num_examples=num_examples, token_accuracy=right / total,
+                        exact_match=rows_right / num_examples, answer_loss=loss_sum / total)

@@ -1,0 +1,312 @@
+"""Multi-seed comparisons of position methods, stored as JSON.
+
+A :class:`Study` is a list of :class:`Arm` s (a position method and how to build it), the seeds,
+and the two settings every arm is trained in:
+
+- ``"lm"``: next-byte prediction on the standard-library corpus (:func:`posenc.train.train`),
+  scored by the validation loss in nats per byte at the training length;
+- ``"copy"``: the copy task of :func:`posenc.data.copy_task` (``"qzbk|qzbk"``), trained on the
+  answer tokens only (:func:`posenc.train.train_task`) and scored by the accuracy on the copied
+  half. Copying a string of ``n`` letters means reading the letter exactly ``n + 1`` positions back,
+  which a model cannot do without some notion of position.
+
+Each (arm, seed, setting) is one *cell*; a cell's seed sets both the initialisation and the data
+order. Command line (the file records the command, commit, versions, machine and wall times)::
+
+    python -m posenc.experiments.compare methods                 # -> book/results/methods.json
+    python -m posenc.experiments.compare methods --arms rope alibi --seeds 0 1 2 3 4
+    python -m posenc.experiments.compare methods --shard 0/2 &   # two processes, then
+    python -m posenc.experiments.compare methods --shard 1/2     # both write the same file
+
+An interrupted run resumes: cells already in the file are not recomputed. Writes are atomic and
+serialised with a lock file, so shards can share the output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import fcntl
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from posenc.data import copy_task, load_stdlib_corpus
+from posenc.lm import LMConfig, TinyLM
+from posenc.method import PositionMethod
+from posenc.train import TrainConfig, evaluate, task_accuracy, train, train_task
+
+#: Where the book's stored studies live, relative to the repository root.
+RESULTS_DIR = Path("book") / "results"
+#: The settings every arm is trained in.
+SETTINGS = ("lm", "copy")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One compared configuration: a label and the position method it builds."""
+
+    label: str  #: name in tables and plots
+    method: str  #: a registered method name (:func:`posenc.method.build_method`), or a label of a custom builder
+    build: Optional[Callable[[LMConfig], PositionMethod]] = None  #: custom builder; ``None`` uses ``method``
+
+    def make(self, config: LMConfig) -> PositionMethod | str:
+        """The method to pass to :class:`~posenc.lm.TinyLM` for ``config``."""
+        return self.method if self.build is None else self.build(config)
+
+
+@dataclass(frozen=True)
+class Study:
+    """Arms, seeds and the scale of one stored comparison."""
+
+    name: str  #: file stem in ``book/results/``
+    arms: tuple[Arm, ...]  #: compared configurations
+    seeds: tuple[int, ...] = (0, 1, 2)  #: seeds of initialisation and data order
+    model: LMConfig = field(default_factory=lambda: LMConfig(d_model=64, n_layer=2, n_head=4, max_len=128))  #: model shape
+    lm: TrainConfig = field(default_factory=lambda: TrainConfig(steps=250, batch_size=16, seq_len=128, progress=False))  #: LM training
+    copy_length: int = 16  #: letters to copy (sequence length ``2 * copy_length``)
+    copy: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch_size=32, warmup_steps=30, progress=False))  #: copy training
+    eval_windows: int = 256  #: validation windows of the LM score
+    eval_examples: int = 512  #: fresh examples of the copy score
+
+    def arm(self, label: str) -> Arm:
+        """The arm called ``label``.
+
+        Raises:
+            KeyError: if no arm has that label.
+        """
+        for arm in self.arms:
+            if arm.label == label:
+                return arm
+        raise KeyError(f"study {self.name!r} has no arm {label!r}; arms: {[a.label for a in self.arms]}")
+
+
+def _naive_arms() -> tuple[Arm, ...]:
+    """Chapter 1's codes, raw and rescaled to the token embeddings' RMS entry (0.02) at the training length."""
+    from posenc.naive import BinaryPE, IntegerPE, NormalizedPE, binary_code, integer_code, normalized_code
+
+    def rms(table: torch.Tensor) -> float:
+        return table.pow(2).mean().sqrt().item()
+
+    def matched(code: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[LMConfig], float]:
+        return lambda c: 0.02 / rms(code(torch.arange(c.max_len), c))
+
+    integer_scale = matched(lambda p, c: integer_code(p, c.d_model))
+    normalized_scale = matched(lambda p, c: normalized_code(p, c.d_model, c.max_len))
+    binary_scale = matched(lambda p, c: binary_code(p, c.d_model, num_bits=16))
+    return (
+        Arm("NoPE", "nope"),
+        Arm("integer, raw", "integer-raw", lambda c: IntegerPE(c.d_model, scale=1.0)),
+        Arm("integer, matched", "integer-matched", lambda c: IntegerPE(c.d_model, scale=integer_scale(c))),
+        Arm("normalised, raw", "normalized-raw", lambda c: NormalizedPE(c.d_model, scale=1.0)),
+        Arm("normalised, matched", "normalized-matched", lambda c: NormalizedPE(c.d_model, scale=normalized_scale(c))),
+        Arm("binary, raw", "binary-raw", lambda c: BinaryPE(c.d_model, num_bits=16, scale=1.0)),
+        Arm("binary, matched", "binary-matched", lambda c: BinaryPE(c.d_model, num_bits=16, scale=binary_scale(c))),
+    )
+
+
+def _alibi_before_scale(config: LMConfig) -> PositionMethod:
+    from posenc.alibi import ALiBi
+
+    return ALiBi(config.n_head, placement="before_scale", head_dim=config.head_dim)
+
+
+#: The stored studies, by name.
+STUDIES: dict[str, Study] = {
+    # every registered method of chapters 2-7, in the tiny LM and on the copy task
+    "methods": Study("methods", tuple(Arm(name, name) for name in (
+        "nope", "sinusoidal", "learned", "recurrent", "multiplicative", "shaw", "transformer_xl", "t5",
+        "deberta", "tupe", "rope", "alibi")) + (Arm("alibi, bias inside the scaling", "alibi-before-scale",
+                                                    _alibi_before_scale),)),
+    # chapter 1's naive codes
+    "naive": Study("naive", _naive_arms(), lm=TrainConfig(steps=200, batch_size=16, seq_len=128, progress=False)),
+}
+
+
+def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: str | torch.device = "cpu",
+             steps: Optional[int] = None) -> dict:
+    """Train one arm with one seed in one setting and return its record.
+
+    The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``
+    for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
+    training loss curve (every 10th step), the number of position parameters and the seconds.
+
+    Args:
+        study: the study whose scale to use.
+        arm: an :class:`Arm` of the study or its label.
+        seed: seeds the initialisation and the data order.
+        setting: ``"lm"`` or ``"copy"``.
+        device: where to train.
+        steps: override the number of training steps (a shorter live run).
+
+    Raises:
+        ValueError: if ``setting`` is not one of :data:`SETTINGS`.
+    """
+    if setting not in SETTINGS:
+        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    arm = study.arm(arm) if isinstance(arm, str) else arm
+    if setting == "lm":
+        model_cfg, cfg = dataclasses.replace(study.model, seed=seed), study.lm
+    else:
+        model_cfg, cfg = dataclasses.replace(study.model, seed=seed, max_len=2 * study.copy_length), study.copy
+    if steps is not None:
+        cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps))
+    cfg = dataclasses.replace(cfg, seed=seed)
+    model = TinyLM(model_cfg, arm.make(model_cfg)).to(device)
+    record: dict = {"arm": arm.label, "method": arm.method, "seed": seed, "setting": setting, "steps": cfg.steps,
+                    "position_parameters": sum(p.numel() for p in model.position.parameters())}
+    start = time.perf_counter()
+    if setting == "lm":
+        corpus = load_stdlib_corpus()
+        history = train(model, corpus.train, cfg)
+        record["val_loss"] = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows).loss
+        record["corpus"] = corpus.fingerprint
+    else:
+        task = _copy_sampler(study.copy_length)
+        history = train_task(model, task, cfg)
+        acc = task_accuracy(model, task, num_examples=study.eval_examples)
+        record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
+    record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    return record
+
+
+def _copy_sampler(length: int) -> Callable[[int, torch.Generator], object]:
+    return lambda batch_size, generator: copy_task(batch_size, length, generator)
+
+
+def summarize(records: Sequence[dict], metric: str, setting: str) -> dict[str, dict]:
+    """Mean, standard deviation, min, max and count of ``metric`` per arm, over seeds.
+
+    Returns:
+        ``{arm: {"mean", "std", "min", "max", "n", "values"}}`` in the order the arms first appear.
+    """
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r["setting"] == setting and metric in r:
+            out.setdefault(r["arm"], []).append(float(r[metric]))
+    return {arm: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else math.nan,
+                  "min": min(v), "max": max(v), "n": len(v), "values": v} for arm, v in out.items()}
+
+
+def load_records(path: str | Path) -> dict:
+    """Read a stored study (``{"meta": ..., "records": [...]}``).
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+    """
+    return json.loads(Path(path).read_text())
+
+
+def _provenance(device: str) -> dict:
+    root = Path(__file__).resolve().parents[3]
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    dev = str(device)
+    hardware = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else (platform.processor() or platform.machine())
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "code")),
+            "torch": torch.__version__, "python": platform.python_version(), "machine": hardware,
+            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": dev}
+
+
+def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = None,
+              seeds: Optional[Sequence[int]] = None, settings: Sequence[str] = SETTINGS,
+              shard: tuple[int, int] = (0, 1), device: str = "cpu", command: str = "", log=print) -> dict:
+    """Run every missing cell of ``study`` (or of the chosen arms, seeds and settings) into ``out``.
+
+    Cells are dealt round-robin to ``shard = (index, count)`` so that several processes can share
+    the grid; each finished cell is appended to ``out`` at once (under a lock), so an interrupted
+    run loses at most the cell in progress.
+
+    Returns:
+        The stored study after this run.
+    """
+    out = Path(out)
+    labels = [a.label for a in study.arms] if arms is None else list(arms)
+    for label in labels:
+        study.arm(label)  # raises for unknown labels
+    grid = [(label, seed, setting) for setting in settings for seed in (study.seeds if seeds is None else seeds)
+            for label in labels]
+    mine = grid[shard[0]::shard[1]]
+    for i, (label, seed, setting) in enumerate(mine):
+        if _has(out, label, seed, setting):
+            continue
+        record = run_cell(study, label, seed, setting, device=device)
+        _append(out, study, record, command, device)
+        score = record.get("val_loss", record.get("token_accuracy"))
+        log(f"[{i + 1}/{len(mine)}] {setting:4s} {label:32s} seed {seed}: {score:.4f} ({record['seconds']:.0f} s)")
+    return load_records(out)
+
+
+def _locked(out: Path):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(out.with_suffix(".lock"), "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def _has(out: Path, label: str, seed: int, setting: str) -> bool:
+    if not out.exists():
+        return False
+    return any(r["arm"] == label and r["seed"] == seed and r["setting"] == setting
+               for r in load_records(out)["records"])
+
+
+def _append(out: Path, study: Study, record: dict, command: str, device: str) -> None:
+    with _locked(out):
+        data = load_records(out) if out.exists() else {"meta": {}, "records": []}
+        record = dict(record, **_provenance(device), finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        data["records"] = [r for r in data["records"] if not (r["arm"] == record["arm"] and r["seed"] == record["seed"]
+                                                               and r["setting"] == record["setting"])] + [record]
+        data["meta"] = {
+            "study": study.name, "command": command or data["meta"].get("command", ""),
+            "model": dataclasses.asdict(study.model), "lm": dataclasses.asdict(study.lm),
+            "copy": dataclasses.asdict(study.copy), "copy_length": study.copy_length,
+            "eval_windows": study.eval_windows, "eval_examples": study.eval_examples,
+            "seeds": sorted({r["seed"] for r in data["records"]}),
+            "wall_seconds": round(sum(r["seconds"] for r in data["records"]), 1),
+            "note": "Each record carries the commit, torch version, machine and wall time of its own run.",
+        }
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(out)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m posenc.experiments.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--arms", nargs="+", help="arm labels (default: all)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the study's)")
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--out", help="output JSON (default: book/results/STUDY.json)")
+    parser.add_argument("--shard", default="0/1", help="INDEX/COUNT: run every COUNT-th cell from INDEX")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    args = parser.parse_args(argv)
+    index, count = (int(x) for x in args.shard.split("/"))
+    if not 0 <= index < count:
+        parser.error(f"--shard must be INDEX/COUNT with 0 <= INDEX < COUNT, got {args.shard}")
+    torch.set_num_threads(args.threads)
+    study = STUDIES[args.study]
+    out = args.out or RESULTS_DIR / f"{study.name}.json"
+    command = "python -m posenc.experiments.compare " + " ".join(argv if argv is not None else sys.argv[1:])
+    run_study(study, out, arms=args.arms, seeds=args.seeds, settings=args.settings, shard=(index, count),
+              device=args.device, command=command)
+
+
+if __name__ == "__main__":
+    main()
