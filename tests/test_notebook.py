@@ -76,3 +76,41 @@ def test_time_ms_runs_warmup_plus_repeats_and_returns_the_median():
         time_ms(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="warmup must be an int >= 0, got -1"):
         time_ms(lambda: None, warmup=-1)
+
+
+def _summary(values):
+    from posenc.experiments.compare import summarize
+    return summarize([{"arm": arm, "setting": "lm", "val_loss": v} for arm, vs in values.items() for v in vs],
+                     "val_loss", "lm")
+
+
+def test_separated_only_when_no_seed_overlaps():
+    from posenc.notebook import separated
+    s = _summary({"a": [1.0, 1.1, 1.2], "b": [1.3, 1.4, 1.5], "c": [1.15, 1.6, 1.7]})
+    assert separated(s["a"], s["b"]) and separated(s["b"], s["a"])
+    assert not separated(s["a"], s["c"]) and not separated(s["b"], s["c"])
+
+
+def test_study_table_and_plot_seeds():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from posenc.notebook import plot_seeds, study_table
+    s = _summary({"a": [1.0, 2.0, 3.0], "b": [4.0, 4.0, 4.0]})
+    table = study_table({"loss": s}, ["b", "a", "missing"], digits={"loss": 1}).data
+    assert "| b | 4.0 ± 0.0 [4.0, 4.0] |" in table and "| a | 2.0 ± 1.0 [1.0, 3.0] |" in table and "| missing | – |" in table
+    fig, ax = plt.subplots()
+    plot_seeds(ax, s, ["a", "b"], live={"b": 4.1})
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
+    assert len(ax.collections) == 3  # two arms' dots and one live diamond
+    plt.close(fig)
+
+
+def test_stored_study_reads_the_file_or_says_how_to_make_it(tmp_path):
+    import json
+    from posenc.notebook import stored_study
+    (tmp_path / "book" / "results").mkdir(parents=True)
+    (tmp_path / "book" / "results" / "x.json").write_text(json.dumps({"meta": {}, "records": []}))
+    assert stored_study("x", root=str(tmp_path)) == {"meta": {}, "records": []}
+    with pytest.raises(FileNotFoundError, match="python -m posenc.experiments.compare y"):
+        stored_study("y", root=str(tmp_path))

@@ -127,3 +127,79 @@ def time_ms(fn, repeats: int = 7, warmup: int = 1) -> float:
         sync()
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def stored_study(name: str, root: str | None = None) -> dict:
+    """A stored study from ``book/results/NAME.json`` (written by :mod:`posenc.experiments.compare`).
+
+    Args:
+        name: the study's name, e.g. ``"methods"``.
+        root: the repository root; by default found from this file (source checkout) or the
+            current directory (a chapter run from ``book/``).
+
+    Raises:
+        FileNotFoundError: if the file is not found, with the command that makes it.
+    """
+    import json
+    from pathlib import Path
+
+    candidates = [Path(root)] if root else [Path(__file__).resolve().parents[2], Path.cwd().parent, Path.cwd()]
+    for base in candidates:
+        path = base / "book" / "results" / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"no stored study {name!r} under {[str(c) for c in candidates]}; "
+                            f"make it with: python -m posenc.experiments.compare {name}")
+
+
+def separated(a: dict, b: dict) -> bool:
+    """Whether two summaries of :func:`posenc.experiments.compare.summarize` do not overlap.
+
+    True when every seed of one lies beyond every seed of the other (``a["max"] < b["min"]`` or
+    the reverse): the book calls a difference real only then.
+    """
+    return a["max"] < b["min"] or b["max"] < a["min"]
+
+
+def study_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None):
+    """A Markdown table of mean ± standard deviation [min, max] per arm, one column per metric.
+
+    Args:
+        columns: ``{column title: summary}``, each summary from ``summarize``.
+        order: the arms, in row order.
+        digits: decimals per column title (default 3).
+    """
+    from IPython.display import Markdown
+
+    digits = digits or {}
+    head = "| | " + " | ".join(columns) + " |"
+    rows = [head, "|" + " --- |" * (len(columns) + 1)]
+    for arm in order:
+        cells = []
+        for title, summary in columns.items():
+            s, d = summary.get(arm), digits.get(title, 3)
+            cells.append("–" if s is None else f"{s['mean']:.{d}f} ± {s['std']:.{d}f} [{s['min']:.{d}f}, {s['max']:.{d}f}]")
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return Markdown("\n".join(rows))
+
+
+def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str, float] | None = None,
+               label: str = "stored, one dot per seed"):
+    """Dots for every seed of every arm, a bar at the mean, and optionally the live run's value.
+
+    Args:
+        ax: a matplotlib axis; arms go on the y axis.
+        summary: from ``summarize``.
+        order: the arms, top to bottom.
+        live: ``{arm: value}`` of the chapter's live run, drawn as open diamonds.
+    """
+    for y, arm in enumerate(order):
+        s = summary[arm]
+        ax.scatter(s["values"], [y] * len(s["values"]), s=18, color="C0", alpha=0.7, label=label if y == 0 else None)
+        ax.plot([s["mean"]] * 2, [y - 0.3, y + 0.3], color="C0", lw=2)
+        if live and arm in live:
+            ax.scatter([live[arm]], [y], s=60, facecolors="none", edgecolors="C3", marker="D",
+                       label="live run (this notebook)" if arm == next(a for a in order if a in live) else None)
+    ax.set_yticks(range(len(order)), order)
+    ax.invert_yaxis()
+    return ax

@@ -2,11 +2,6 @@
 
 :mod:`posenc.experiments.compare` trains the tiny LM with several position methods and several
 seeds, on byte-level language modelling and on a task that cannot be solved without position,
-and writes one record per (arm, seed, task) with the provenance of the run. The chapters plot the
-stored records beside a small live run of the same code.
+and writes one record per (arm, seed, setting) with the provenance of the run. The chapters plot
+the stored records beside a small live run of the same code.
 """
-
-from posenc.experiments.compare import (STUDIES, Arm, Study, load_records, run_cell, run_study,
-                                        summarize)
-
-__all__ = ["STUDIES", "Arm", "Study", "load_records", "run_cell", "run_study", "summarize"]

@@ -135,7 +135,7 @@ STUDIES: dict[str, Study] = {
 
 
 def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: str | torch.device = "cpu",
-             steps: Optional[int] = None) -> dict:
+             steps: Optional[int] = None, return_model: bool = False):
     """Train one arm with one seed in one setting and return its record.
 
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``
@@ -149,6 +149,7 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         setting: ``"lm"`` or ``"copy"``.
         device: where to train.
         steps: override the number of training steps (a shorter live run).
+        return_model: also return the trained model, as ``(record, model)``.
 
     Raises:
         ValueError: if ``setting`` is not one of :data:`SETTINGS`.
@@ -179,7 +180,7 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
     record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
     record["seconds"] = round(time.perf_counter() - start, 1)
-    return record
+    return (record, model) if return_model else record
 
 
 def _copy_sampler(length: int) -> Callable[[int, torch.Generator], object]:
@@ -242,11 +243,12 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     grid = [(label, seed, setting) for setting in settings for seed in (study.seeds if seeds is None else seeds)
             for label in labels]
     mine = grid[shard[0]::shard[1]]
+    provenance = _provenance(device)  # read once, before training: the code this process imported
     for i, (label, seed, setting) in enumerate(mine):
         if _has(out, label, seed, setting):
             continue
         record = run_cell(study, label, seed, setting, device=device)
-        _append(out, study, record, command, device)
+        _append(out, study, record, command, provenance)
         score = record.get("val_loss", record.get("token_accuracy"))
         log(f"[{i + 1}/{len(mine)}] {setting:4s} {label:32s} seed {seed}: {score:.4f} ({record['seconds']:.0f} s)")
     return load_records(out)
@@ -266,10 +268,10 @@ def _has(out: Path, label: str, seed: int, setting: str) -> bool:
                for r in load_records(out)["records"])
 
 
-def _append(out: Path, study: Study, record: dict, command: str, device: str) -> None:
+def _append(out: Path, study: Study, record: dict, command: str, provenance: dict) -> None:
     with _locked(out):
         data = load_records(out) if out.exists() else {"meta": {}, "records": []}
-        record = dict(record, **_provenance(device), finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        record = dict(record, **provenance, finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         data["records"] = [r for r in data["records"] if not (r["arm"] == record["arm"] and r["seed"] == record["seed"]
                                                                and r["setting"] == record["setting"])] + [record]
         data["meta"] = {
