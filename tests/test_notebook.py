@@ -97,8 +97,8 @@ def test_study_table_and_plot_seeds():
     import matplotlib.pyplot as plt
     from posenc.notebook import plot_seeds, study_table
     s = _summary({"a": [1.0, 2.0, 3.0], "b": [4.0, 4.0, 4.0]})
-    table = study_table({"loss": s}, ["b", "a", "missing"], digits={"loss": 1}).data
-    assert "| b | 4.0 ± 0.0 [4.0, 4.0] |" in table and "| a | 2.0 ± 1.0 [1.0, 3.0] |" in table and "| missing | – |" in table
+    table = study_table({"loss": s}, ["b", "a", "missing"], digits={"loss": 1}, extra={"x": {"a": "7"}}).data
+    assert "| b | 4.0 ± 0.0 [4.0, 4.0] | – |" in table and "| a | 2.0 ± 1.0 [1.0, 3.0] | 7 |" in table and "| missing | – | – |" in table
     fig, ax = plt.subplots()
     plot_seeds(ax, s, ["a", "b"], live={"b": 4.1})
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]

@@ -161,24 +161,27 @@ def separated(a: dict, b: dict) -> bool:
     return a["max"] < b["min"] or b["max"] < a["min"]
 
 
-def study_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None):
+def study_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None,
+                extra: dict[str, dict[str, str]] | None = None):
     """A Markdown table of mean ± standard deviation [min, max] per arm, one column per metric.
 
     Args:
         columns: ``{column title: summary}``, each summary from ``summarize``.
         order: the arms, in row order.
         digits: decimals per column title (default 3).
+        extra: more columns, ``{column title: {arm: text}}``, after the metrics.
     """
     from IPython.display import Markdown
 
-    digits = digits or {}
-    head = "| | " + " | ".join(columns) + " |"
-    rows = [head, "|" + " --- |" * (len(columns) + 1)]
+    digits, extra = digits or {}, extra or {}
+    head = "| | " + " | ".join([*columns, *extra]) + " |"
+    rows = [head, "|" + " --- |" * (len(columns) + len(extra) + 1)]
     for arm in order:
         cells = []
         for title, summary in columns.items():
             s, d = summary.get(arm), digits.get(title, 3)
             cells.append("–" if s is None else f"{s['mean']:.{d}f} ± {s['std']:.{d}f} [{s['min']:.{d}f}, {s['max']:.{d}f}]")
+        cells += [texts.get(arm, "–") for texts in extra.values()]
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     return Markdown("\n".join(rows))
 

@@ -139,7 +139,7 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
     """Train one arm with one seed in one setting and return its record.
 
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``
-    for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
+    and ``loss_per_position`` for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
     training loss curve (every 10th step), the number of position parameters and the seconds.
 
     Args:
@@ -171,7 +171,9 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
     if setting == "lm":
         corpus = load_stdlib_corpus()
         history = train(model, corpus.train, cfg)
-        record["val_loss"] = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows).loss
+        result = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows)
+        record["val_loss"] = result.loss
+        record["loss_per_position"] = [round(x, 4) for x in result.loss_per_position.tolist()]
         record["corpus"] = corpus.fingerprint
     else:
         task = _copy_sampler(study.copy_length)
