@@ -97,3 +97,9 @@ def test_the_command_line_writes_the_study(tmp_path, monkeypatch, capsys):
     assert [(r["arm"], r["seed"], r["setting"]) for r in data["records"]] == [("rope", 3, "copy")]
     assert data["meta"]["command"].startswith("python -m posenc.experiments.compare tiny --arms rope")
     torch.set_num_threads(torch.get_num_threads())
+
+
+def test_other_lengths_are_evaluated_too():
+    study = dataclasses.replace(tiny_study(), other_lengths=(8,))
+    record = run_cell(study, "rope", 0, "lm")
+    assert set(record["val_loss_at"]) == {"8"} and len(record["loss_per_position"]) == 16

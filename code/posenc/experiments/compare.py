@@ -78,6 +78,7 @@ class Study:
     copy_length: int = 16  #: letters to copy (sequence length ``2 * copy_length``)
     copy: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch_size=32, warmup_steps=30, progress=False))  #: copy training
     eval_windows: int = 256  #: validation windows of the LM score
+    other_lengths: tuple[int, ...] = ()  #: more window lengths at which the LM is evaluated (``val_loss_at``)
     eval_examples: int = 512  #: fresh examples of the copy score
 
     def arm(self, label: str) -> Arm:
@@ -130,7 +131,8 @@ STUDIES: dict[str, Study] = {
         "deberta", "tupe", "rope", "alibi")) + (Arm("alibi, bias inside the scaling", "alibi-before-scale",
                                                     _alibi_before_scale),)),
     # chapter 1's naive codes
-    "naive": Study("naive", _naive_arms(), lm=TrainConfig(steps=200, batch_size=16, seq_len=128, progress=False)),
+    "naive": Study("naive", _naive_arms(), lm=TrainConfig(steps=200, batch_size=16, seq_len=128, progress=False),
+                   other_lengths=(64,)),
 }
 
 
@@ -138,8 +140,8 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
              steps: Optional[int] = None, return_model: bool = False):
     """Train one arm with one seed in one setting and return its record.
 
-    The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``
-    and ``loss_per_position`` for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
+    The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``,
+    ``loss_per_position`` and ``val_loss_at`` the study's ``other_lengths`` for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
     training loss curve (every 10th step), the number of position parameters and the seconds.
 
     Args:
@@ -174,6 +176,9 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         result = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows)
         record["val_loss"] = result.loss
         record["loss_per_position"] = [round(x, 4) for x in result.loss_per_position.tolist()]
+        if study.other_lengths:
+            record["val_loss_at"] = {str(n): evaluate(model, corpus.val, n, num_windows=study.eval_windows).loss
+                                     for n in study.other_lengths}
         record["corpus"] = corpus.fingerprint
     else:
         task = _copy_sampler(study.copy_length)
