@@ -103,3 +103,19 @@ def test_other_lengths_are_evaluated_too():
     study = dataclasses.replace(tiny_study(), other_lengths=(8,))
     record = run_cell(study, "rope", 0, "lm")
     assert set(record["val_loss_at"]) == {"8"} and len(record["loss_per_position"]) == 16
+
+
+@pytest.mark.parametrize("name", sorted(STUDIES))
+def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
+    """Every cell of the study is in book/results/NAME.json, once, with its provenance."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "book" / "results" / f"{name}.json"
+    data = load_records(path)
+    study = STUDIES[name]
+    cells = [(r["arm"], r["seed"], r["setting"]) for r in data["records"]]
+    expected = {(a.label, s, setting) for a in study.arms for s in study.seeds for setting in ("lm", "copy")}
+    assert len(cells) == len(set(cells)) and set(cells) == expected
+    assert data["meta"]["command"].startswith(f"python -m posenc.experiments.compare {name}")
+    for r in data["records"]:
+        assert r["commit"] and r["torch"] and r["machine"] and r["seconds"] > 0
+        assert r["steps"] == (study.lm.steps if r["setting"] == "lm" else study.copy.steps)

@@ -217,6 +217,17 @@ def load_records(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else what :mod:`platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _provenance(device: str) -> dict:
     root = Path(__file__).resolve().parents[3]
     def git(*args: str) -> str:
@@ -225,7 +236,7 @@ def _provenance(device: str) -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
     dev = str(device)
-    hardware = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else (platform.processor() or platform.machine())
+    hardware = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else _cpu_name()
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "code")),
             "torch": torch.__version__, "python": platform.python_version(), "machine": hardware,
             "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": dev}
