@@ -273,6 +273,58 @@ def test_materialize_bias_is_the_dense_bias():
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("T,S", [(6, 6), (1, 6)])
+def test_plain_causal_sdpa_builds_no_mask(monkeypatch, device, dtype, T, S):
+    """T = S (SDPA's is_causal) and T = 1 (the query sees every key): no (T, S) mask is built."""
+    import sys
+
+    attn_mod = sys.modules["posenc.attention"]  # the module (the package exports a function of that name)
+    q, k, v = qkv(T=T, S=S, dtype=dtype, device=device)
+    expected = naive_attention(q.cpu(), k.cpu(), v.cpu(), mask=causal_mask(T, S)[None, None].expand(2, 3, T, S))
+    ref = attention(q, k, v, causal=True, backend="reference")
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("a (T, S) causal mask was built")
+
+    monkeypatch.setattr(attn_mod, "causal_mask", no_mask)
+    out = attention(q, k, v, causal=True, backend="sdpa")
+    torch.testing.assert_close(out.cpu(), expected, **TOL[dtype])
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    if T == S:  # the same numbers as SDPA with is_causal=True and no mask
+        plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(out, plain, **TOL[dtype])
+
+
+def test_causal_sdpa_with_fewer_queries_than_keys_is_aligned_bottom_right():
+    """SDPA's is_causal aligns top-left; the wrapper must keep the bottom-right (KV-cache) alignment."""
+    q, k, v = qkv(T=3, S=7)
+    out = attention(q, k, v, causal=True, backend="sdpa")
+    expected = naive_attention(q, k, v, mask=causal_mask(3, 7)[None, None].expand(2, 3, 3, 7))
+    torch.testing.assert_close(out, expected, **TOL[torch.float64])
+    top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(out, top_left)
+
+
+def test_sdpa_masks_a_bias_built_from_bias_fn_in_place_but_never_the_callers_bias():
+    fn, dense = t5_like_bias_fn(3, 5, 7, torch.float64, "cpu")
+    q, k, v = qkv(T=5, S=7)
+    kept = dense.clone()
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, -3:] = True
+    for kw in (dict(causal=True), dict(causal=True, key_padding_mask=pad), dict(key_padding_mask=pad)):
+        from_tensor = attention(q, k, v, bias=dense, backend="sdpa", **kw)
+        from_fn = attention(q, k, v, bias_fn=fn, backend="sdpa", **kw)
+        assert torch.equal(dense, kept)  # the caller's bias is not modified
+        torch.testing.assert_close(from_fn, from_tensor, **TOL[torch.float64])
+        torch.testing.assert_close(from_fn, attention(q, k, v, bias=dense, **kw), **TOL[torch.float64])
+    # with autograd on a bias that needs a gradient, the masked copy is taken instead
+    table = torch.randn(3, 11, dtype=torch.float64, requires_grad=True)
+    grad_fn = lambda b, h, i, j: table[h, j - i + 4]  # noqa: E731
+    attention(q, k, v, bias_fn=grad_fn, causal=True, backend="sdpa").sum().backward()
+    assert torch.isfinite(table.grad).all()
+
+
 def test_bias_fn_validation():
     from posenc.attention import materialize_bias
 

@@ -278,10 +278,12 @@ def attention(
             The ``"reference"`` backend adds it in fp32 (or fp64); ``"sdpa"`` casts it to ``q.dtype``.
         bias_fn: optional additive bias as a function ``bias_fn(b, h, q_idx, kv_idx)`` of integer
             indices (``q_idx`` in ``0..T-1``, ``kv_idx`` in ``0..S-1``). The ``"flex"`` backend
-            evaluates it inside the kernel; the others materialise it with :func:`materialize_bias`.
-            Mutually exclusive with ``bias``.
+            evaluates it inside the kernel; the others materialise it with :func:`materialize_bias`
+            (it must return a new tensor, not one it keeps: ``"sdpa"`` writes the masks into the
+            materialised bias in place, where autograd allows). Mutually exclusive with ``bias``.
         causal: remove keys after each query; queries are the last ``T`` of the ``S`` keys
-            (see :func:`causal_mask`).
+            (see :func:`causal_mask`). With ``T = S`` (or ``T = 1``), no bias and no padding,
+            ``"sdpa"`` passes ``is_causal=True`` and builds no ``(T, S)`` mask.
         key_padding_mask: optional ``(B, S)`` bool, ``True`` where the key is padding.
         scale: logit scale; default ``1 / sqrt(D)``.
         backend: ``"reference"`` (explicit computation, logits and softmax in at least fp32),
@@ -316,18 +318,28 @@ def attention(
                 reason = f"flex_attention raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         _flex_fallback_warning(reason)
         backend = "sdpa"
+    owned = False  # may the bias be written in place? Only a tensor built here, never the caller's
     if bias_fn is not None:
         bias = materialize_bias(bias_fn, B, H, T, S, device=q.device)
+        owned = True
+
+    # Causal masking needs no (T, S) tensor when every query sees every key (T = 1: the query is the
+    # last key) or when SDPA's own causal flag means the same thing (T = S; its mask is aligned
+    # top-left, ours bottom-right, and the two coincide only there).
+    if causal and T == 1:
+        causal = False
+    if backend == "sdpa" and causal and T == S and key_padding_mask is None and bias is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # no mask is built
+        return out  # (B, H, T, Dv)
 
     # Combined boolean mask, True = removed, broadcastable to (B, H, T, S).
     mask = None
     if causal:
         mask = causal_mask(T, S, device=q.device)  # (T, S)
-    if key_padding_mask is not None:
+    dead = None  # queries with no visible key: attend to everything, then zero the output
+    if key_padding_mask is not None:  # without padding every query sees at least key 0 (T <= S)
         pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
         mask = pad if mask is None else (mask | pad)
-    dead = None  # queries with no visible key: attend to everything, then zero the output
-    if mask is not None:
         dead = mask.all(dim=-1, keepdim=True)  # (..., T, 1)
         mask = mask & ~dead
 
@@ -344,16 +356,19 @@ def attention(
         out = (weights @ v.to(work)).to(v.dtype)  # (B, H, T, Dv)
         return (out, weights) if return_weights else out
 
-    attn_mask = None if bias is None else bias.to(q.dtype)
-    is_causal = False
+    attn_mask = None
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        owned = owned or attn_mask is not bias  # .to made a copy
     if mask is not None:
-        if causal and T == S and key_padding_mask is None and attn_mask is None:
-            is_causal = True  # let SDPA pick its fused causal kernel
-        elif attn_mask is None:
+        if attn_mask is None:
             attn_mask = ~mask  # SDPA's bool convention: True = attend
+        elif (owned and not attn_mask._is_view() and not (torch.is_grad_enabled() and attn_mask.requires_grad)
+              and attn_mask.shape == torch.broadcast_shapes(attn_mask.shape, mask.shape)):
+            attn_mask.masked_fill_(mask, float("-inf"))  # a full-size bias built here: mask it in place
         else:
-            attn_mask = torch.where(mask, float("-inf"), attn_mask)  # broadcasts bias and mask both ways
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+            attn_mask = torch.where(mask, float("-inf"), attn_mask)  # a copy: the caller's bias stays untouched
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return out  # (B, H, T, Dv)
