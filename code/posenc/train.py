@@ -139,7 +139,7 @@ def train(
 def train_task(model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig) -> TrainResult:
     """Train ``model`` on a synthetic task, scoring only the answer tokens.
 
-    The loss is the mean cross-entropy over the positions where :attr:`Task.mask` is True, so the
+    The loss is the mean cross-entropy over the positions where :attr:`posenc.data.Task.mask` is True, so the
     model is not asked to predict the random part of the input (which carries no signal). Every
     step draws a fresh batch from ``task(cfg.batch_size, generator)``; ``cfg.seq_len`` is ignored
     (the task fixes the length). Same optimiser, schedule and repeatability as :func:`train`.
