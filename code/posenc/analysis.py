@@ -242,3 +242,48 @@ def condition_number(table: Tensor) -> float:
     s = singular_values(table)  # (min(N, C),)
     largest, smallest = float(s[0]), float(s[-1])
     return math.inf if smallest == 0.0 else largest / smallest
+
+
+def cosine_matrix(table: Tensor) -> Tensor:
+    """Cosine similarity between the centred codes of every pair of positions.
+
+    ``S_ij = cos(p~_i, p~_j)`` with ``p~_i = p_i - c`` and ``c`` the mean row (as in
+    :func:`covariance`). Centring removes the part every code shares, which no attention score can
+    use to tell positions apart; a row equal to the mean (a zero centred code) has no direction and
+    gives ``nan``.
+
+    Args:
+        table: ``(N, C)`` floating tensor, ``N >= 2``.
+
+    Returns:
+        ``(N, N)`` float64 on the table's device, ones on the diagonal.
+
+    Raises:
+        TypeError: if ``table`` is not a floating-point tensor.
+        ValueError: if ``table`` is not 2-D, is empty, has a non-finite entry, or has one row.
+    """
+    p = _as_float64(table)  # (N, C)
+    if p.shape[0] < 2:
+        raise ValueError(f"table must have at least 2 rows to centre, got shape {tuple(table.shape)}")
+    centred = p - p.mean(dim=0, keepdim=True)  # (N, C)
+    unit = centred / centred.norm(dim=1, keepdim=True)  # (N, C)
+    return unit @ unit.T  # (N, N)
+
+
+def neighbour_cosine(table: Tensor) -> float:
+    """Mean cosine between the centred codes of neighbouring positions ``t`` and ``t + 1``.
+
+    A measure of smoothness: about 0 for independent random rows, 1 when each code is close to the
+    next one. Centred as in :func:`cosine_matrix`.
+
+    Args:
+        table: ``(N, C)`` floating tensor, ``N >= 2``.
+
+    Returns:
+        ``mean_t cos(p~_t, p~_{t+1})`` as a Python float, in ``[-1, 1]``.
+
+    Raises:
+        TypeError: if ``table`` is not a floating-point tensor.
+        ValueError: if ``table`` is not 2-D, is empty, has a non-finite entry, or has one row.
+    """
+    return float(cosine_matrix(table).diagonal(1).mean())

@@ -136,7 +136,10 @@ def train(
     return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len)
 
 
-def train_task(model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig) -> TrainResult:
+def train_task(
+    model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig, *,
+    penalty: Optional[Callable[[], Tensor]] = None,
+) -> TrainResult:
     """Train ``model`` on a synthetic task, scoring only the answer tokens.
 
     The loss is the mean cross-entropy over the positions where :attr:`posenc.data.Task.mask` is True, so the
@@ -149,6 +152,7 @@ def train_task(model: nn.Module, task: Callable[[int, torch.Generator], Task], c
         task: e.g. ``functools.partial(posenc.data.copy_task, length=24)``, called as
             ``task(batch_size, generator)`` and returning a :class:`~posenc.data.Task`.
         cfg: hyper-parameters; ``seed`` seeds the stream of examples.
+        penalty: optional regulariser added to the loss, as in :func:`train`.
 
     Returns:
         The per-step losses (nats per answer token) and learning rates. The model is left in eval mode.
@@ -167,7 +171,7 @@ def train_task(model: nn.Module, task: Callable[[int, torch.Generator], Task], c
         _check_length(model, batch.inputs.shape[1], "the task's sequence length")
         return batch.inputs.to(device), batch.targets.to(device), batch.mask.to(device)
 
-    return _fit(model, cfg, next_batch, None, seq_len=None)
+    return _fit(model, cfg, next_batch, penalty, seq_len=None)
 
 
 def _check_length(model: nn.Module, length: int, what: str) -> None:

@@ -60,10 +60,24 @@ class Arm:
     label: str  #: name in tables and plots
     method: str  #: a registered method name (:func:`posenc.method.build_method`), or a label of a custom builder
     build: Optional[Callable[[LMConfig], PositionMethod]] = None  #: custom builder; ``None`` uses ``method``
+    #: regulariser factory: called with the freshly built model, returns the ``penalty`` of :func:`~posenc.train.train`
+    penalty: Optional[Callable[[TinyLM], Callable[[], torch.Tensor]]] = None
 
     def make(self, config: LMConfig) -> PositionMethod | str:
         """The method to pass to :class:`~posenc.lm.TinyLM` for ``config``."""
         return self.method if self.build is None else self.build(config)
+
+
+@dataclass
+class TrainedRun:
+    """What a study's ``measure`` function is given besides the trained model."""
+
+    study: "Study"  #: the study being run
+    arm: Arm  #: the arm that was trained
+    seed: int  #: the cell's seed
+    initial_position: dict[str, torch.Tensor]  #: ``model.position.state_dict()`` before training (copies)
+    history: object  #: the :class:`~posenc.train.TrainResult` of the run
+    corpus: object  #: the :class:`~posenc.data.Corpus` the LM was trained on
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,8 @@ class Study:
     eval_windows: int = 256  #: validation windows of the LM score
     other_lengths: tuple[int, ...] = ()  #: more window lengths at which the LM is evaluated (``val_loss_at``)
     eval_examples: int = 512  #: fresh examples of the copy score
+    #: extra measurements of each trained LM, ``measure(model, run) -> dict`` merged into its record
+    measure: Optional[Callable[[TinyLM, TrainedRun], dict]] = None
 
     def arm(self, label: str) -> Arm:
         """The arm called ``label``.
@@ -123,6 +139,44 @@ def _alibi_before_scale(config: LMConfig) -> PositionMethod:
     return ALiBi(config.n_head, placement="before_scale", head_dim=config.head_dim)
 
 
+def _lambda_rule(penalty_name: str) -> Callable[[TinyLM], Callable[[], torch.Tensor]]:
+    """Chapter 3's rule: the penalty's weight makes it 0.1 nats on the model's initial table."""
+    from posenc import absolute
+
+    R = getattr(absolute, penalty_name)
+
+    def factory(model: TinyLM) -> Callable[[], torch.Tensor]:
+        lam = 0.1 / R(model.position.table().detach()).item()
+        return lambda: lam * R(model.position.table())
+
+    return factory
+
+
+def _table_arms() -> tuple[Arm, ...]:
+    """Chapter 3's tables: plain, three penalties, hybrid, sinusoidal, and trained at low rank."""
+    from posenc.absolute import LowRankPE
+
+    def low_rank(rank: int) -> Callable[[LMConfig], PositionMethod]:
+        return lambda c: LowRankPE(c.max_len, c.d_model, rank=rank)
+
+    return (
+        Arm("learned", "learned"),
+        Arm("L2", "learned", penalty=_lambda_rule("l2_penalty")),
+        Arm("difference", "learned", penalty=_lambda_rule("difference_penalty")),
+        Arm("spectral", "learned", penalty=_lambda_rule("spectral_penalty")),
+        Arm("hybrid", "hybrid"),
+        Arm("sinusoidal", "sinusoidal"),
+        Arm("low rank 2", "lowrank-2", low_rank(2)),
+        Arm("low rank 8", "lowrank-8", low_rank(8)),
+    )
+
+
+def _measure_tables(model: TinyLM, run: "TrainedRun") -> dict:
+    from posenc.experiments.tables import measure_table_run
+
+    return measure_table_run(model, run)
+
+
 #: The stored studies, by name.
 STUDIES: dict[str, Study] = {
     # every registered method of chapters 2-7, in the tiny LM and on the copy task
@@ -130,6 +184,11 @@ STUDIES: dict[str, Study] = {
         "nope", "sinusoidal", "learned", "recurrent", "multiplicative", "shaw", "transformer_xl", "t5",
         "deberta", "tupe", "rope", "alibi")) + (Arm("alibi, bias inside the scaling", "alibi-before-scale",
                                                     _alibi_before_scale),)),
+    # chapter 3's learned tables: a table of 256 rows trained on windows of 128, 400 steps
+    "tables": Study("tables", _table_arms(),
+                    model=LMConfig(d_model=64, n_layer=2, n_head=4, max_len=256),
+                    lm=TrainConfig(steps=400, batch_size=16, seq_len=128, progress=False),
+                    measure=_measure_tables),
     # chapter 1's naive codes
     "naive": Study("naive", _naive_arms(), lm=TrainConfig(steps=200, batch_size=16, seq_len=128, progress=False),
                    other_lengths=(64,)),
@@ -141,8 +200,10 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
     """Train one arm with one seed in one setting and return its record.
 
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``,
-    ``loss_per_position`` and ``val_loss_at`` the study's ``other_lengths`` for ``"lm"``; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for ``"copy"``), the
-    training loss curve (every 10th step), the number of position parameters and the seconds.
+    ``loss_per_position`` and ``val_loss_at`` the study's ``other_lengths`` for ``"lm"``, plus what
+    the study's ``measure`` returns; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for
+    ``"copy"``), the training loss curve (every 10th step), the number of position parameters and
+    the seconds (training and measurements). The arm's ``penalty``, if any, is used in both settings.
 
     Args:
         study: the study whose scale to use.
@@ -167,12 +228,14 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps))
     cfg = dataclasses.replace(cfg, seed=seed)
     model = TinyLM(model_cfg, arm.make(model_cfg)).to(device)
+    initial_position = {k: v.detach().clone() for k, v in model.position.state_dict().items()}
+    penalty = None if arm.penalty is None else arm.penalty(model)
     record: dict = {"arm": arm.label, "method": arm.method, "seed": seed, "setting": setting, "steps": cfg.steps,
                     "position_parameters": sum(p.numel() for p in model.position.parameters())}
     start = time.perf_counter()
     if setting == "lm":
         corpus = load_stdlib_corpus()
-        history = train(model, corpus.train, cfg)
+        history = train(model, corpus.train, cfg, penalty=penalty)
         result = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows)
         record["val_loss"] = result.loss
         record["loss_per_position"] = [round(x, 4) for x in result.loss_per_position.tolist()]
@@ -180,9 +243,11 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
             record["val_loss_at"] = {str(n): evaluate(model, corpus.val, n, num_windows=study.eval_windows).loss
                                      for n in study.other_lengths}
         record["corpus"] = corpus.fingerprint
+        if study.measure is not None:
+            record.update(study.measure(model, TrainedRun(study, arm, seed, initial_position, history, corpus)))
     else:
         task = _copy_sampler(study.copy_length)
-        history = train_task(model, task, cfg)
+        history = train_task(model, task, cfg, penalty=penalty)
         acc = task_accuracy(model, task, num_examples=study.eval_examples)
         record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
     record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
