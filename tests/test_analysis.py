@@ -9,9 +9,11 @@ import torch
 from posenc.analysis import (
     best_rank_k,
     condition_number,
+    cosine_matrix,
     covariance,
     effective_rank,
     gram,
+    neighbour_cosine,
     numerical_rank,
     singular_values,
 )
@@ -48,6 +50,35 @@ def scaled_signed_permutation():
     p = 3.0 * torch.eye(4, dtype=torch.float64)[torch.tensor([2, 0, 3, 1])]
     p[1] *= -1
     return p  # (4, 4)
+
+
+# --- cosine matrix and smoothness ------------------------------------------------------------------
+
+
+def test_cosine_matrix_is_the_cosine_of_the_centred_rows():
+    p = randn(9, 5)
+    centred = p - p.mean(0)
+    naive = torch.tensor([[torch.nn.functional.cosine_similarity(centred[i], centred[j], dim=0).item()
+                           for j in range(9)] for i in range(9)], dtype=torch.float64)
+    s = cosine_matrix(p)
+    assert s.dtype == torch.float64 and torch.allclose(s, naive, **FP64)
+    assert torch.allclose(s.diagonal(), torch.ones(9, dtype=torch.float64), **FP64)
+    assert torch.allclose(cosine_matrix(3.0 * p + 7.0), s, **FP64)   # blind to scale and to a shared offset
+
+
+def test_neighbour_cosine_tells_smooth_tables_from_random_ones():
+    t = torch.arange(200, dtype=torch.float64)[:, None]
+    smooth = torch.cat([torch.sin(t / 20), torch.cos(t / 20), torch.sin(t / 45)], 1)  # (200, 3): slowly turning codes
+    assert neighbour_cosine(smooth) > 0.99
+    assert abs(neighbour_cosine(randn(2000, 64))) < 0.01               # independent rows: about 0
+    alternating = torch.tensor([[1.0, 0.0], [-1.0, 0.0]]).repeat(5, 1)  # each code the opposite of the next
+    assert neighbour_cosine(alternating) == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("fn", [cosine_matrix, neighbour_cosine])
+def test_cosine_functions_need_two_rows(fn):
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        fn(torch.ones(1, 4))
 
 
 # --- singular values and norms -------------------------------------------------------------------
@@ -339,8 +370,11 @@ TABLE_FUNCTIONS = [
     gram,
     covariance,
     condition_number,
+    cosine_matrix,
+    neighbour_cosine,
 ]
-IDS = ["singular_values", "numerical_rank", "effective_rank", "best_rank_k", "gram", "covariance", "condition_number"]
+IDS = ["singular_values", "numerical_rank", "effective_rank", "best_rank_k", "gram", "covariance", "condition_number",
+       "cosine_matrix", "neighbour_cosine"]
 
 
 @pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)

@@ -68,6 +68,13 @@ def test_run_study_stores_every_cell_once_with_provenance_and_resumes(tmp_path):
     assert out.read_text() == before and len(logs) == 8
 
 
+def test_summarize_reads_nested_metrics_by_dotted_path():
+    records = [{"arm": "a", "setting": "lm", "control": {"seen": 1.0}}, {"arm": "a", "setting": "lm", "control": {"seen": 3.0}},
+               {"arm": "b", "setting": "lm", "control": {}}]
+    summary = summarize(records, "control.seen", "lm")
+    assert set(summary) == {"a"} and summary["a"]["mean"] == 2.0 and summary["a"]["values"] == [1.0, 3.0]
+
+
 def test_summarize_gives_mean_spread_and_count():
     records = [{"arm": "a", "setting": "lm", "val_loss": v} for v in (1.0, 2.0, 3.0)]
     records += [{"arm": "b", "setting": "lm", "val_loss": 5.0}, {"arm": "a", "setting": "copy", "token_accuracy": 1.0}]

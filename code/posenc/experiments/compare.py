@@ -75,9 +75,10 @@ class TrainedRun:
     study: "Study"  #: the study being run
     arm: Arm  #: the arm that was trained
     seed: int  #: the cell's seed
+    setting: str  #: ``"lm"`` or ``"copy"``
     initial_position: dict[str, torch.Tensor]  #: ``model.position.state_dict()`` before training (copies)
     history: object  #: the :class:`~posenc.train.TrainResult` of the run
-    corpus: object  #: the :class:`~posenc.data.Corpus` the LM was trained on
+    corpus: object  #: the :class:`~posenc.data.Corpus` the LM was trained on (``None`` for ``"copy"``)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class Study:
     eval_windows: int = 256  #: validation windows of the LM score
     other_lengths: tuple[int, ...] = ()  #: more window lengths at which the LM is evaluated (``val_loss_at``)
     eval_examples: int = 512  #: fresh examples of the copy score
-    #: extra measurements of each trained LM, ``measure(model, run) -> dict`` merged into its record
+    #: extra measurements of each trained model (both settings), ``measure(model, run) -> dict`` merged into its record
     measure: Optional[Callable[[TinyLM, TrainedRun], dict]] = None
 
     def arm(self, label: str) -> Arm:
@@ -244,12 +245,14 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
                                      for n in study.other_lengths}
         record["corpus"] = corpus.fingerprint
         if study.measure is not None:
-            record.update(study.measure(model, TrainedRun(study, arm, seed, initial_position, history, corpus)))
+            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, corpus)))
     else:
         task = _copy_sampler(study.copy_length)
         history = train_task(model, task, cfg, penalty=penalty)
         acc = task_accuracy(model, task, num_examples=study.eval_examples)
         record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
+        if study.measure is not None:
+            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, None)))
     record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
     record["seconds"] = round(time.perf_counter() - start, 1)
     return (record, model) if return_model else record
@@ -262,15 +265,29 @@ def _copy_sampler(length: int) -> Callable[[int, torch.Generator], object]:
 def summarize(records: Sequence[dict], metric: str, setting: str) -> dict[str, dict]:
     """Mean, standard deviation, min, max and count of ``metric`` per arm, over seeds.
 
+    ``metric`` is a key of the records, or a dotted path into nested ones (``"control.unseen"``,
+    ``"rank_truncation.2"``); records without it are skipped.
+
     Returns:
-        ``{arm: {"mean", "std", "min", "max", "n", "values"}}`` in the order the arms first appear.
+        ``{arm: {"mean", "std", "min", "max", "n", "values"}}`` in the order the arms first appear;
+        ``values`` are in the order of the records (by seed in a stored study).
     """
     out: dict[str, list[float]] = {}
     for r in records:
-        if r["setting"] == setting and metric in r:
-            out.setdefault(r["arm"], []).append(float(r[metric]))
+        value = _lookup(r, metric)
+        if r["setting"] == setting and value is not None:
+            out.setdefault(r["arm"], []).append(float(value))
     return {arm: {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else math.nan,
                   "min": min(v), "max": max(v), "n": len(v), "values": v} for arm, v in out.items()}
+
+
+def _lookup(record: dict, metric: str):
+    value = record
+    for key in metric.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
 
 
 def load_records(path: str | Path) -> dict:

@@ -166,7 +166,8 @@ def _loss_with_rows(model: nn.Module, data: Tensor, rows: slice, values: Tensor,
 def measure_table_run(model: nn.Module, run) -> dict:
     """Everything the learned-encoding chapter asks of one trained model (the ``"tables"`` study's ``measure``).
 
-    For every arm: ``penalty_at_start`` (the penalty's value at step 0, 0 without one); ``inside``
+    On the copy task, only ``table``: :func:`table_stats` of the whole (trained) table. In the LM,
+    for every arm: ``penalty_at_start`` (the penalty's value at step 0, 0 without one); ``inside``
     and ``outside``, the mean loss at positions ``0 .. n-1`` and ``n .. N-1`` of ``N``-token
     windows (128 of them); ``control`` (:func:`context_control`); ``trained_rows`` and
     ``untrained_rows`` (:func:`table_stats` of rows ``0 .. n-1`` against the sinusoidal table, and
@@ -179,6 +180,9 @@ def measure_table_run(model: nn.Module, run) -> dict:
     ``bf16_delta`` (loss change at the training length when the table is rounded to bfloat16).
     """
     study, history, corpus = run.study, run.history, run.corpus
+    if run.setting == "copy":                     # the copy task: every row is trained; the table's shape only
+        table = position_table(model.position, model.config.max_len).cpu()  # (2 * copy_length, C)
+        return {"table": table_stats(table, sinusoidal_table(*table.shape))}
     n, n_table = study.lm.seq_len, study.model.max_len
     out: dict = {"penalty_at_start": history.penalties[0]}
     lpp = evaluate(model, corpus.val, n_table, num_windows=128).loss_per_position
