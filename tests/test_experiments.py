@@ -47,6 +47,16 @@ def test_a_cell_is_repeatable_and_records_its_score(setting):
         assert 0.0 <= a["token_accuracy"] <= 1.0 and 0.0 <= a["exact_match"] <= a["token_accuracy"] + 1e-9
 
 
+def test_a_custom_built_arm_is_seeded_by_the_cell_not_by_the_global_rng():
+    from posenc.absolute import LowRankPE
+    study = dataclasses.replace(tiny_study(), arms=(Arm("low", "low", lambda c: LowRankPE(c.max_len, c.d_model, rank=2)),))
+    torch.manual_seed(1)
+    a = run_cell(study, "low", 0, "lm")
+    torch.manual_seed(2)
+    b = run_cell(study, "low", 0, "lm")
+    assert a["val_loss"] == b["val_loss"] and run_cell(study, "low", 1, "lm")["val_loss"] != a["val_loss"]
+
+
 def test_seeds_change_the_result():
     study = tiny_study()
     assert run_cell(study, "nope", 0, "lm")["val_loss"] != run_cell(study, "nope", 1, "lm")["val_loss"]

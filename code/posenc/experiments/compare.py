@@ -228,7 +228,10 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps))
     cfg = dataclasses.replace(cfg, seed=seed)
-    model = TinyLM(model_cfg, arm.make(model_cfg)).to(device)
+    with torch.random.fork_rng(devices=[]):     # a custom-built method is seeded like the model, not by the global RNG
+        torch.manual_seed(seed)
+        method = arm.make(model_cfg)
+    model = TinyLM(model_cfg, method).to(device)
     initial_position = {k: v.detach().clone() for k, v in model.position.state_dict().items()}
     penalty = None if arm.penalty is None else arm.penalty(model)
     record: dict = {"arm": arm.label, "method": arm.method, "seed": seed, "setting": setting, "steps": cfg.steps,
