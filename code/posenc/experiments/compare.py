@@ -154,8 +154,8 @@ def _lambda_rule(penalty_name: str) -> Callable[[TinyLM], Callable[[], torch.Ten
 
 
 def _table_arms() -> tuple[Arm, ...]:
-    """Chapter 3's tables: plain, three penalties, hybrid, sinusoidal, and trained at low rank."""
-    from posenc.absolute import LowRankPE
+    """Chapter 3's tables: plain, three penalties, hybrid, sinusoidal, trained at low rank, and started larger."""
+    from posenc.absolute import LearnedPE, LowRankPE
 
     def low_rank(rank: int) -> Callable[[LMConfig], PositionMethod]:
         return lambda c: LowRankPE(c.max_len, c.d_model, rank=rank)
@@ -169,6 +169,8 @@ def _table_arms() -> tuple[Arm, ...]:
         Arm("sinusoidal", "sinusoidal"),
         Arm("low rank 2", "lowrank-2", low_rank(2)),
         Arm("low rank 8", "lowrank-8", low_rank(8)),
+        # the plain table started five times larger (std 0.1): does a larger table copy?
+        Arm("learned, init x5", "learned", lambda c: LearnedPE(c.max_len, c.d_model, std=0.1)),
     )
 
 

@@ -171,8 +171,8 @@ def measure_table_run(model: nn.Module, run) -> dict:
     and ``outside``, the mean loss at positions ``0 .. n-1`` and ``n .. N-1`` of ``N``-token
     windows (128 of them); ``control`` (:func:`context_control`); ``trained_rows`` and
     ``untrained_rows`` (:func:`table_stats` of rows ``0 .. n-1`` against the sinusoidal table, and
-    the smoothness and relative norm of the others). For a plain :class:`~posenc.absolute.LearnedPE`
-    trained without a penalty, also: ``decay`` (the product of ``1 - lr_t * weight_decay``), ``untrained_change`` (largest
+    the smoothness and relative norm of the others). For the plain, registered :class:`~posenc.absolute.LearnedPE`
+    (no penalty, no custom builder), also: ``decay`` (the product of ``1 - lr_t * weight_decay``), ``untrained_change`` (largest
     ``|P - decay * P_init|`` over rows ``n ..``), ``delta_rows`` (stats of ``P - decay * P_init``),
     ``rank_truncation`` (loss change at the training length when rows ``0 .. n-1`` are replaced by
     their best rank-``k`` approximation), ``replaced_rows`` (``outside`` with rows ``n ..`` set to
@@ -193,7 +193,7 @@ def measure_table_run(model: nn.Module, run) -> dict:
     out["trained_rows"] = table_stats(table[:n], reference)
     out["untrained_rows"] = dict(smooth=neighbour_cosine(table[n:]),
                                  norm_ratio=float(table[n:].norm() / table[:n].norm()))
-    if type(model.position) is LearnedPE and run.arm.penalty is None:
+    if type(model.position) is LearnedPE and run.arm.penalty is None and run.arm.build is None:
         weight = model.position.weight
         decay = math.prod(1 - lr * study.lm.weight_decay for lr in history.lrs)
         initial = run.initial_position["weight"].to(weight)
