@@ -60,7 +60,7 @@ class Arm:
     label: str  #: name in tables and plots
     method: str  #: a registered method name (:func:`posenc.method.build_method`), or a label of a custom builder
     build: Optional[Callable[[LMConfig], PositionMethod]] = None  #: custom builder; ``None`` uses ``method``
-    #: regulariser factory: called with the freshly built model, returns the ``penalty`` of :func:`~posenc.train.train`
+    #: builds the regulariser from the freshly built model; returns the ``penalty`` of :func:`~posenc.train.train`
     penalty: Optional[Callable[[TinyLM], Callable[[], torch.Tensor]]] = None
 
     def make(self, config: LMConfig) -> PositionMethod | str:

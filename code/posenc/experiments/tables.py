@@ -50,7 +50,7 @@ def table_stats(table: Tensor, reference: Optional[Tensor] = None) -> dict:
     """Rank, spectrum, smoothness and likeness of a table ``(n, C)``.
 
     Keys: ``rank`` (numerical), ``eff99``/``eff90`` (directions holding 99% / 90% of the energy),
-    ``s2`` (``sigma_2 / sigma_1``), ``kappa`` (condition number), ``smooth`` (:func:`neighbour_cosine`),
+    ``s2`` (``sigma_2 / sigma_1``), ``kappa`` (condition number), ``smooth`` (:func:`~posenc.analysis.neighbour_cosine`),
     ``trend`` (``|corr(u_1, t)|``, how much the dominant direction of the centred table is a linear
     trend in position), ``norm`` (Frobenius), ``min_distance`` (smallest distance between two codes
     over their mean norm), ``spectrum`` (``sigma_j / sigma_1``, 4 significant digits) and, with a
