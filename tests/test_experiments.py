@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 
 import pytest
 import torch
@@ -102,6 +103,8 @@ def test_bad_inputs_are_named():
         run_cell(study, "xpos", 0, "lm")
     with pytest.raises(KeyError, match="no arm"):
         run_study(study, "unused.json", arms=["xpos"])
+    with pytest.raises(ValueError, match="copy-long"):                  # a setting this study does not define
+        run_study(study, "unused.json", settings=["copy-long"])
     with pytest.raises(SystemExit):
         main(["methods", "--shard", "2/2"])
 
@@ -112,7 +115,9 @@ def test_the_command_line_writes_the_study(tmp_path, monkeypatch, capsys):
     main(["tiny", "--arms", "rope", "--seeds", "3", "--settings", "copy", "--out", str(out)])
     data = json.loads(out.read_text())
     assert [(r["arm"], r["seed"], r["setting"]) for r in data["records"]] == [("rope", 3, "copy")]
-    assert data["meta"]["command"].startswith("python -m posenc.experiments.compare tiny --arms rope")
+    assert data["meta"]["command"] == "python -m posenc.experiments.compare tiny"        # rebuilds the whole study
+    assert data["records"][0]["command"] == ("python -m posenc.experiments.compare tiny --arms rope --seeds 3 "
+                                             f"--settings copy --out {shlex.quote(str(out))}")
     torch.set_num_threads(torch.get_num_threads())
 
 
@@ -130,9 +135,10 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
     data = load_records(path)
     study = STUDIES[name]
     cells = [(r["arm"], r["seed"], r["setting"]) for r in data["records"]]
-    expected = {(a.label, s, setting) for a in study.arms for s in study.seeds for setting in ("lm", "copy")}
+    expected = {(a.label, s, setting) for a in study.arms for s in study.seeds for setting in study.settings}
     assert len(cells) == len(set(cells)) and set(cells) == expected
-    assert data["meta"]["command"].startswith(f"python -m posenc.experiments.compare {name}")
+    assert data["meta"]["command"] == f"python -m posenc.experiments.compare {name}"
+    steps = {"lm": study.lm.steps, "copy": study.copy.steps, "copy-long": getattr(study.copy_long, "steps", None)}
     for r in data["records"]:
         assert r["commit"] and r["torch"] and r["machine"] and r["seconds"] > 0
-        assert r["steps"] == (study.lm.steps if r["setting"] == "lm" else study.copy.steps)
+        assert r["steps"] == steps[r["setting"]]

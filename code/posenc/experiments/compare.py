@@ -1,17 +1,20 @@
 """Multi-seed comparisons of position methods, stored as JSON.
 
 A :class:`Study` is a list of :class:`Arm` s (a position method and how to build it), the seeds,
-and the two settings every arm is trained in:
+and the settings every arm is trained in:
 
 - ``"lm"``: next-byte prediction on the standard-library corpus (:func:`posenc.train.train`),
   scored by the validation loss in nats per byte at the training length;
 - ``"copy"``: the copy task of :func:`posenc.data.copy_task` (``"qzbk|qzbk"``), trained on the
   answer tokens only (:func:`posenc.train.train_task`) and scored by the accuracy on the copied
   half. Copying a string of ``n`` letters means reading the letter exactly ``n + 1`` positions back,
-  which a model cannot do without some notion of position.
+  which a model cannot do without some notion of position;
+- ``"copy-long"``: the same task trained for longer (:attr:`Study.copy_long`), in studies that
+  define it, to see whether what does not copy at the standard budget learns to later.
 
 Each (arm, seed, setting) is one *cell*; a cell's seed sets both the initialisation and the data
-order. Command line (the file records the command, commit, versions, machine and wall times)::
+order. Command line (the file records the command that rebuilds it, and each record the command,
+commit, versions, machine and wall time of its own run)::
 
     python -m posenc.experiments.compare methods                 # -> book/results/methods.json
     python -m posenc.experiments.compare methods --arms rope alibi --seeds 0 1 2 3 4
@@ -32,6 +35,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -49,8 +53,8 @@ from posenc.train import TrainConfig, evaluate, task_accuracy, train, train_task
 
 #: Where the book's stored studies live, relative to the repository root.
 RESULTS_DIR = Path("book") / "results"
-#: The settings every arm is trained in.
-SETTINGS = ("lm", "copy")
+#: The settings an arm can be trained in (``"copy-long"`` only in studies with :attr:`Study.copy_long`).
+SETTINGS = ("lm", "copy", "copy-long")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class TrainedRun:
     study: "Study"  #: the study being run
     arm: Arm  #: the arm that was trained
     seed: int  #: the cell's seed
-    setting: str  #: ``"lm"`` or ``"copy"``
+    setting: str  #: ``"lm"``, ``"copy"`` or ``"copy-long"``
     initial_position: dict[str, torch.Tensor]  #: ``model.position.state_dict()`` before training (copies)
     history: object  #: the :class:`~posenc.train.TrainResult` of the run
     corpus: object  #: the :class:`~posenc.data.Corpus` the LM was trained on (``None`` for ``"copy"``)
@@ -92,11 +96,17 @@ class Study:
     lm: TrainConfig = field(default_factory=lambda: TrainConfig(steps=250, batch_size=16, seq_len=128, progress=False))  #: LM training
     copy_length: int = 16  #: letters to copy (sequence length ``2 * copy_length``)
     copy: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch_size=32, warmup_steps=30, progress=False))  #: copy training
+    copy_long: Optional[TrainConfig] = None  #: a longer copy training, the ``"copy-long"`` setting (``None``: no such setting)
     eval_windows: int = 256  #: validation windows of the LM score
     other_lengths: tuple[int, ...] = ()  #: more window lengths at which the LM is evaluated (``val_loss_at``)
     eval_examples: int = 512  #: fresh examples of the copy score
     #: extra measurements of each trained model (both settings), ``measure(model, run) -> dict`` merged into its record
     measure: Optional[Callable[[TinyLM, TrainedRun], dict]] = None
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings this study trains every arm in."""
+        return ("lm", "copy") + (("copy-long",) if self.copy_long is not None else ())
 
     def arm(self, label: str) -> Arm:
         """The arm called ``label``.
@@ -191,6 +201,7 @@ STUDIES: dict[str, Study] = {
     "tables": Study("tables", _table_arms(),
                     model=LMConfig(d_model=64, n_layer=2, n_head=4, max_len=256),
                     lm=TrainConfig(steps=400, batch_size=16, seq_len=128, progress=False),
+                    copy_long=TrainConfig(steps=1500, batch_size=32, warmup_steps=30, progress=False),
                     measure=_measure_tables),
     # chapter 1's naive codes
     "naive": Study("naive", _naive_arms(), lm=TrainConfig(steps=200, batch_size=16, seq_len=128, progress=False),
@@ -205,28 +216,29 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``,
     ``loss_per_position`` and ``val_loss_at`` the study's ``other_lengths`` for ``"lm"``, plus what
     the study's ``measure`` returns; ``token_accuracy``, ``exact_match`` and ``answer_loss`` for
-    ``"copy"``), the training loss curve (every 10th step), the number of position parameters and
+    ``"copy"`` and ``"copy-long"``), the training loss curve (every 10th step), the number of position parameters and
     the seconds (training and measurements). The arm's ``penalty``, if any, is used in both settings.
 
     Args:
         study: the study whose scale to use.
         arm: an :class:`Arm` of the study or its label.
         seed: seeds the initialisation and the data order.
-        setting: ``"lm"`` or ``"copy"``.
+        setting: ``"lm"``, ``"copy"`` or (where the study defines it) ``"copy-long"``.
         device: where to train.
         steps: override the number of training steps (a shorter live run).
         return_model: also return the trained model, as ``(record, model)``.
 
     Raises:
-        ValueError: if ``setting`` is not one of :data:`SETTINGS`.
+        ValueError: if ``setting`` is not one of the study's :attr:`~Study.settings`.
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    if setting not in study.settings:
+        raise ValueError(f"setting must be one of {study.settings} for study {study.name!r}, got {setting!r}")
     arm = study.arm(arm) if isinstance(arm, str) else arm
     if setting == "lm":
         model_cfg, cfg = dataclasses.replace(study.model, seed=seed), study.lm
     else:
-        model_cfg, cfg = dataclasses.replace(study.model, seed=seed, max_len=2 * study.copy_length), study.copy
+        model_cfg = dataclasses.replace(study.model, seed=seed, max_len=2 * study.copy_length)
+        cfg = study.copy if setting == "copy" else study.copy_long
     if steps is not None:
         cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps))
     cfg = dataclasses.replace(cfg, seed=seed)
@@ -330,13 +342,15 @@ def _provenance(device: str) -> dict:
 
 
 def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = None,
-              seeds: Optional[Sequence[int]] = None, settings: Sequence[str] = SETTINGS,
+              seeds: Optional[Sequence[int]] = None, settings: Optional[Sequence[str]] = None,
               shard: tuple[int, int] = (0, 1), device: str = "cpu", command: str = "", log=print) -> dict:
     """Run every missing cell of ``study`` (or of the chosen arms, seeds and settings) into ``out``.
 
     Cells are dealt round-robin to ``shard = (index, count)`` so that several processes can share
     the grid; each finished cell is appended to ``out`` at once (under a lock), so an interrupted
-    run loses at most the cell in progress.
+    run loses at most the cell in progress. ``settings`` defaults to all of the study's; ``command``
+    (the invocation) is stored in each record, while the file's ``meta.command`` is the command that
+    rebuilds the whole study.
 
     Returns:
         The stored study after this run.
@@ -345,6 +359,10 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     labels = [a.label for a in study.arms] if arms is None else list(arms)
     for label in labels:
         study.arm(label)  # raises for unknown labels
+    settings = study.settings if settings is None else list(settings)
+    for setting in settings:
+        if setting not in study.settings:
+            raise ValueError(f"settings must be among {study.settings} for study {study.name!r}, got {setting!r}")
     grid = [(label, seed, setting) for setting in settings for seed in (study.seeds if seeds is None else seeds)
             for label in labels]
     mine = grid[shard[0]::shard[1]]
@@ -376,17 +394,20 @@ def _has(out: Path, label: str, seed: int, setting: str) -> bool:
 def _append(out: Path, study: Study, record: dict, command: str, provenance: dict) -> None:
     with _locked(out):
         data = load_records(out) if out.exists() else {"meta": {}, "records": []}
-        record = dict(record, **provenance, finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        record = dict(record, **provenance, command=command, finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
         data["records"] = [r for r in data["records"] if not (r["arm"] == record["arm"] and r["seed"] == record["seed"]
                                                                and r["setting"] == record["setting"])] + [record]
         data["meta"] = {
-            "study": study.name, "command": command or data["meta"].get("command", ""),
+            "study": study.name, "command": f"python -m posenc.experiments.compare {study.name}",
             "model": dataclasses.asdict(study.model), "lm": dataclasses.asdict(study.lm),
             "copy": dataclasses.asdict(study.copy), "copy_length": study.copy_length,
+            **({"copy_long": dataclasses.asdict(study.copy_long)} if study.copy_long is not None else {}),
             "eval_windows": study.eval_windows, "eval_examples": study.eval_examples,
             "seeds": sorted({r["seed"] for r in data["records"]}),
             "wall_seconds": round(sum(r["seconds"] for r in data["records"]), 1),
-            "note": "Each record carries the commit, torch version, machine and wall time of its own run.",
+            "note": "meta.command rebuilds the whole study (finished cells are kept); each record carries the "
+                    "command, commit, torch version, machine and wall time of its own run (records made before "
+                    "the command was stored per record have no 'command').",
         }
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -398,7 +419,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("study", choices=sorted(STUDIES))
     parser.add_argument("--arms", nargs="+", help="arm labels (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the study's)")
-    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, help="settings (default: all of the study's)")
     parser.add_argument("--out", help="output JSON (default: book/results/STUDY.json)")
     parser.add_argument("--shard", default="0/1", help="INDEX/COUNT: run every COUNT-th cell from INDEX")
     parser.add_argument("--device", default="cpu")
@@ -410,7 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(args.threads)
     study = STUDIES[args.study]
     out = args.out or RESULTS_DIR / f"{study.name}.json"
-    command = "python -m posenc.experiments.compare " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = shlex.join(["python", "-m", "posenc.experiments.compare", *(argv if argv is not None else sys.argv[1:])])
     run_study(study, out, arms=args.arms, seeds=args.seeds, settings=args.settings, shard=(index, count),
               device=args.device, command=command)
 

@@ -180,7 +180,7 @@ def measure_table_run(model: nn.Module, run) -> dict:
     ``bf16_delta`` (loss change at the training length when the table is rounded to bfloat16).
     """
     study, history, corpus = run.study, run.history, run.corpus
-    if run.setting == "copy":                     # the copy task: every row is trained; the table's shape only
+    if run.setting != "lm":                        # the copy task: every row is trained; the table's shape only
         table = position_table(model.position, model.config.max_len).cpu()  # (2 * copy_length, C)
         return {"table": table_stats(table, sinusoidal_table(*table.shape))}
     n, n_table = study.lm.seq_len, study.model.max_len
