@@ -135,7 +135,7 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
     data = load_records(path)
     study = STUDIES[name]
     cells = [(r["arm"], r["seed"], r["setting"]) for r in data["records"]]
-    expected = {(a.label, s, setting) for a in study.arms for s in study.seeds for setting in study.settings}
+    expected = set(study.cells())
     assert len(cells) == len(set(cells)) and set(cells) == expected
     assert data["meta"]["command"] == f"python -m posenc.experiments.compare {name}"
     steps = {"lm": study.lm.steps, "copy": study.copy.steps, "copy-long": getattr(study.copy_long, "steps", None)}
