@@ -282,7 +282,7 @@ def test_halves_are_rounded_to_the_input_dtype_before_they_are_joined(layout):
 
 
 def test_auto_backend_is_eager_for_small_inputs(monkeypatch):
-    import posenc.rope as rope
+    import posenc.rope.rotation as rope
 
     calls = []
     monkeypatch.setattr(rope, "_apply_compiled", lambda *a: calls.append(a) or apply_rope_eager(*a))

@@ -1,49 +1,22 @@
-"""Rotary position embedding (RoPE): rotate each pair of query/key dimensions by an angle ∝ position.
+"""Rotating queries and keys: cos/sin of the angles, the rotation in both layouts, converting between
+layouts, axial 2-D RoPE and the :class:`RotaryEmbedding` position method.
 
-Su et al. 2021 (RoFormer), arXiv:2104.09864, eqs. (13)-(16) and (34). The pairs ``(x_a, x_b)`` of a
-head of size ``D`` are rotated by ``m θ_i`` at position ``m``, with ``θ_i = base^(-2i/D)``,
-``i = 0 .. D/2 - 1``::
-
-    (x_a, x_b) -> (x_a cos mθ_i - x_b sin mθ_i,  x_b cos mθ_i + x_a sin mθ_i)
-
-so that ``<R_m q, R_n k> = <q, R_{n-m} k>`` depends on the positions only through ``n - m``
-(relative position = key - query). Which dimensions form a pair is the **layout**:
-
-* ``layout="half"``: dimension ``i`` pairs with ``i + D/2`` (GPT-NeoX; Hugging Face Llama, Qwen,
-  Mistral, Gemma, ... checkpoints and their ``rotate_half``);
-* ``layout="interleaved"``: dimension ``2i`` pairs with ``2i + 1`` (the RoFormer paper, GPT-J,
-  Meta's reference Llama code, which multiplies complex numbers).
-
-The two are the same method up to a fixed permutation of the head dimensions
-(:func:`layout_permutation`); a checkpoint trained in one layout runs in the other once its query
-and key projection rows are permuted (:func:`permute_qk_weight`).
-
-Partial rotary (GPT-NeoX, GPT-J, Phi): only the first ``R = rotary_dim`` dimensions of each head
-are rotated, the rest pass through. In :func:`apply_rope` it is implied by the width of
-``cos``/``sin``: ``R = 2 * cos.shape[-1]``.
-
-Numerics: inverse frequencies are computed in fp32 exactly as the reference implementations do
-(``1 / base ** (arange(0, R, 2) / R)``), so that they are bit-identical to those the checkpoints
-were trained with. Angles are computed in fp32 for positions below :data:`FP64_ANGLES_FROM` (bit
-identical to Hugging Face there) and in fp64 from that position on, where an fp32 angle has an
-absolute error of up to ``position * 2**-24`` radians; the decision is per position, so a
-position's cos/sin never depend on which other positions are in the same call. cos/sin are
-returned in fp32 and the rotation is computed in fp32 whatever the dtype of ``x``, rounding once
-at the end.
+The conventions (layouts, partial rotary, numerics) are stated in :mod:`posenc.rope`; the
+frequencies the angles are made of come from :mod:`posenc.rope.frequencies`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Mapping
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from posenc.method import PositionMethod, register_method
+from posenc.rope.frequencies import _check_head_dim, inverse_frequencies
 
 #: The two ways of pairing the dimensions of a head (see the module docstring).
 LAYOUTS = ("half", "interleaved")
@@ -52,87 +25,6 @@ LAYOUTS = ("half", "interleaved")
 #: At position ``p`` an fp32 angle ``p * θ_0`` (``θ_0 = 1``) is off by up to ``p * 2**-24``: under
 #: ``2**-12 ≈ 2.4e-4`` rad below 4096, 0.06 rad at one million (measured in the RoPE chapter).
 FP64_ANGLES_FROM = 4096
-
-DeviceLike = Union[torch.device, str, None]
-
-
-# --------------------------------------------------------------------------- frequencies
-
-
-def _check_head_dim(head_dim, name: str = "head_dim") -> None:
-    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"{name} must be a positive even int (dimensions are rotated in pairs), got {head_dim!r}")
-
-
-def default_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional[int], device: DeviceLike):
-    """RoFormer's frequencies ``θ_i = base^(-2i/D)`` and attention scale 1 (no scaling).
-
-    Computed in fp32 on the CPU, as GPT-NeoX, Meta's Llama and Hugging Face's
-    ``_compute_default_rope_parameters`` do, then moved to ``device``: the values are bit-identical
-    to theirs on every device (a GPU's ``pow`` can differ from the CPU's in the last bit).
-
-    Returns:
-        ``(inv_freq, attention_scale)``: ``(D/2,)`` float32 and ``1.0``.
-    """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # (D/2,)
-    return (1.0 / (base**exponent)).to(device), 1.0
-
-
-#: Scaling name (Hugging Face's ``rope_type``) -> function ``(head_dim, base, config, seq_len, device)
-#: -> (inv_freq, attention_scale)``. Every variant shares this signature; adding one is adding an entry.
-ROPE_SCALINGS: dict[str, Callable] = {"default": default_inv_freq}
-
-
-def inverse_frequencies(
-    head_dim: int,
-    base: float = 10000.0,
-    scaling: Optional[Mapping] = None,
-    *,
-    seq_len: Optional[int] = None,
-    device: DeviceLike = None,
-) -> tuple[Tensor, float]:
-    """Inverse frequencies ``θ_i`` of RoPE and the attention scale that goes with them.
-
-    RoFormer, arXiv:2104.09864, eq. (15): ``θ_i = base^(-2i/D)``, ``i = 0 .. D/2 - 1``.
-
-    Args:
-        head_dim: number of rotated dimensions ``D`` (the head dim, or ``rotary_dim`` for partial
-            rotary); a positive even int.
-        base: the frequency base (``rope_theta`` in Hugging Face configs); > 1.
-        scaling: ``None`` for RoFormer's frequencies, or a mapping with a ``"rope_type"`` key
-            naming an entry of :data:`ROPE_SCALINGS` (plus that variant's parameters), as in a
-            Hugging Face config's ``rope_scaling``.
-        seq_len: current sequence length, for scalings that depend on it.
-        device: device of the result.
-
-    Returns:
-        ``(inv_freq, attention_scale)``: ``inv_freq`` float32 of shape ``(D/2,)``; a Python float
-        that multiplies cos and sin (1.0 without scaling).
-
-    Raises:
-        ValueError: odd or non-positive ``head_dim``, ``base <= 1``, an unknown ``rope_type``.
-        TypeError: ``scaling`` that is not a mapping.
-    """
-    _check_head_dim(head_dim)
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 1:
-        raise ValueError(f"base must be a finite number > 1, got {base!r}")
-    if scaling is None:
-        rope_type, config = "default", {}
-    elif isinstance(scaling, Mapping):
-        rope_type, config = scaling.get("rope_type", scaling.get("type", "default")), scaling
-    else:
-        raise TypeError(f"scaling must be None or a mapping with a 'rope_type' key, got {type(scaling).__name__}")
-    if rope_type not in ROPE_SCALINGS:
-        raise ValueError(f"unknown rope_type {rope_type!r} in scaling; known: {sorted(ROPE_SCALINGS)}")
-    inv_freq, attention_scale = ROPE_SCALINGS[rope_type](head_dim, float(base), config, seq_len, device)
-    return inv_freq, float(attention_scale)
-
-
-def wavelengths(inv_freq: Tensor) -> Tensor:
-    """Wavelength ``2π / θ_i`` of each pair, in positions: how far a token moves before pair ``i``
-    has turned a full circle. ``(D/2,)`` float64."""
-    return 2 * math.pi / inv_freq.double()
-
 
 # --------------------------------------------------------------------------- angles
 
@@ -145,7 +37,7 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1
 
     Args:
         positions: integer or float tensor of any shape ``P`` (e.g. ``(T,)`` or ``(B, T)``).
-        inv_freq: ``(R/2,)`` inverse frequencies (:func:`inverse_frequencies`).
+        inv_freq: ``(R/2,)`` inverse frequencies (:func:`~posenc.rope.frequencies.inverse_frequencies`).
         attention_scale: factor multiplying cos and sin (YaRN's ``mscale``; 1.0 for plain RoPE).
 
     Returns:
@@ -287,7 +179,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
         backend: ``"eager"`` (:func:`apply_rope_eager`), ``"compiled"`` (the same function under
             ``torch.compile``: one fused pass over ``x``, falling back to eager with a
             ``RuntimeWarning`` if compiling fails) or ``"auto"`` (compiled from
-            :data:`COMPILE_MIN_NUMEL` elements on, eager below and inside an outer compile).
+            :data:`~posenc.rope.rotation.COMPILE_MIN_NUMEL` elements on, eager below and inside an outer compile).
 
     Returns:
         Tensor of ``x``'s shape and dtype. The rotation is computed in fp32 (fp64 for fp64 ``x``)
@@ -424,16 +316,26 @@ class RotaryEmbedding(PositionMethod):
     With a KV cache, keys are stored rotated by their own positions, and a new query at position
     ``m`` is rotated by ``m``: nothing stored is ever rotated again (see the RoPE chapter).
 
+    Every scaling of :data:`~posenc.rope.frequencies.ROPE_SCALINGS` works here, evaluated once per
+    cache at ``seq_len = max_positions``: the length-dependent ones (``"dynamic"``, ``"longrope"``)
+    use, for every position, the frequencies Hugging Face uses once a sequence reaches
+    ``max_positions`` (``"longrope"``: its long factors if ``max_positions`` exceeds the original
+    length, else its short ones). Within one cache the frequencies never change, so decoding with a
+    KV cache stays exact; for Hugging Face's per-length behaviour at a length ``n``, build the cache
+    with ``max_positions = n`` or call :func:`~posenc.rope.frequencies.inverse_frequencies` with
+    ``seq_len=n``.
+
     Args:
         head_dim: ``D``.
-        max_positions: size of the cos/sin cache.
+        max_positions: size of the cos/sin cache, and the ``seq_len`` of length-dependent scalings.
         base: frequency base (``rope_theta``).
         rotary_dim: ``R``, number of rotated dims per head (default ``D``).
         layout: ``"half"`` or ``"interleaved"``.
-        scaling: as in :func:`inverse_frequencies`.
+        scaling: as in :func:`~posenc.rope.frequencies.inverse_frequencies` (for a Hugging Face
+            checkpoint, from :func:`~posenc.rope.hf_config.scaling_from_hf`).
 
     Raises:
-        ValueError: invalid sizes, base or layout.
+        ValueError: invalid sizes, base, layout or scaling.
     """
 
     def __init__(
@@ -455,15 +357,19 @@ class RotaryEmbedding(PositionMethod):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.head_dim, self.rotary_dim, self.base, self.layout, self.scaling = head_dim, rotary_dim, base, layout, scaling
-        inv_freq, self.attention_scale = inverse_frequencies(rotary_dim, base, scaling, seq_len=max_positions)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
         self.build_cache(max_positions)
 
     def build_cache(self, max_positions: int) -> None:
-        """(Re)build the cos/sin cache for positions ``0 .. max_positions - 1`` in fp32."""
+        """(Re)build ``inv_freq``, ``attention_scale`` and the fp32 cos/sin cache for positions
+        ``0 .. max_positions - 1``, on the device the module is on (length-dependent scalings are
+        evaluated at ``seq_len = max_positions``)."""
         if not isinstance(max_positions, int) or isinstance(max_positions, bool) or max_positions < 1:
             raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
-        inv_freq = self.inv_freq.float()
+        device = self.inv_freq.device if "inv_freq" in self._buffers else None
+        inv_freq, self.attention_scale = inverse_frequencies(
+            self.rotary_dim, self.base, self.scaling, seq_len=max_positions, device=device
+        )
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
         positions = torch.arange(max_positions, device=inv_freq.device)
         cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale)  # (N, R/2)
         self.register_buffer("cos_cached", cos, persistent=False)
@@ -473,7 +379,6 @@ class RotaryEmbedding(PositionMethod):
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         if self.cos_cached.dtype != torch.float32:  # a model-wide cast: rebuild, never round
-            self.inv_freq = inverse_frequencies(self.rotary_dim, self.base, self.scaling, device=self.cos_cached.device)[0]
             self.build_cache(self.max_positions)
         return self
 
@@ -492,6 +397,7 @@ class RotaryEmbedding(PositionMethod):
         return (
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"layout={self.layout!r}, max_positions={self.max_positions}"
+            + ("" if self.scaling is None else f", scaling={dict(self.scaling)!r}")
         )
 
 
