@@ -1,7 +1,7 @@
 """Naive absolute position codes: the raw integer, the normalised position, and the binary code.
 
-These are the first ideas one has (source 001; Vaswani et al. 2017 motivate the sinusoidal table
-against them) and chapter 1 shows what is wrong with each. Each code is a pure function
+These are the first ideas one has (the design story of source 001, which follows them to the
+sinusoidal table), and chapter 1 shows what is wrong with each. Each code is a pure function
 ``(positions, dim, ...) -> (N, dim)``; each has a :class:`~posenc.method.PositionMethod` that
 adds it to the token embeddings.
 

@@ -51,7 +51,8 @@ def check_positive_int(value, name: str, minimum: int = 1) -> None:
 def four_terms(x: Tensor, p: Tensor, w_q: Tensor, w_k: Tensor) -> dict[str, Tensor]:
     """The four terms of the logit ``(x_i + p_i) W_Q ((x_j + p_j) W_K)ᵀ`` of absolute encodings.
 
-    Expanding the product (source 004 §1.2; Ke et al. 2021, arXiv:2006.15595, eq. 3) gives
+    Expanding the product (Ke et al. 2021, arXiv:2006.15595, eq. 3; Dai et al. 2019, arXiv:1901.02860,
+    §3.3, terms (a)-(d)) gives
     ``content-content + content-position + position-content + position-position``; relative
     methods keep, replace or drop individual terms. The four terms sum to the full logit.
 

@@ -94,8 +94,10 @@ def transformer_xl_bias(
 class TransformerXLPE(PositionMethod):
     """Transformer-XL's relative position method for the tiny LM (no absolute position anywhere).
 
-    ``u`` and ``v`` are shared by all layers (the paper's code's default); each layer has its own
-    ``W_{k,R}``.
+    ``u`` and ``v`` are shared by all layers, as in the released PyTorch code; the released TensorFlow
+    code's ``untie_r`` flag, which its WikiText-103 and One Billion Word scripts set, gives each layer
+    its own pair instead. Each layer has its own ``W_{k,R}``. Distances are not clipped (the released
+    evaluation scripts clip them at ``clamp_len``).
 
     Args:
         d_model: ``C``.
