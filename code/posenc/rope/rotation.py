@@ -1,5 +1,5 @@
 """Rotating queries and keys: cos/sin of the angles, the rotation in both layouts, converting between
-layouts, axial 2-D RoPE and the :class:`RotaryEmbedding` position method.
+layouts, axial 2-D RoPE and the :class:`~posenc.rope.rotation.RotaryEmbedding` position method.
 
 The conventions (layouts, partial rotary, numerics) are stated in :mod:`posenc.rope`; the
 frequencies the angles are made of come from :mod:`posenc.rope.frequencies`.
