@@ -421,3 +421,50 @@ def test_flex_with_small_heads(device, T):
         else:
             out = attention(q, k, v, causal=True, backend="flex")
     torch.testing.assert_close(out, attention(q, k, v, causal=True), atol=2e-5, rtol=2e-5)
+
+
+# --- log-n scaling -----------------------------------------------------------------------------
+
+
+def test_logn_query_scale_frozen_values():
+    """max(1, log(n + 1) / log L): exactly 1 up to position L - 1, log_L(n + 1) after (Qwen's logn_list)."""
+    from posenc.attention import logn_query_scale
+
+    scale = logn_query_scale(torch.arange(8), 4)
+    assert scale.dtype == torch.float32 and scale.shape == (8,)
+    assert scale[:4].tolist() == [1.0, 1.0, 1.0, 1.0]
+    expected = torch.tensor([math.log(n + 1, 4) for n in range(4, 8)])
+    torch.testing.assert_close(scale[4:], expected)
+    assert logn_query_scale(torch.tensor([15]), 4).item() == pytest.approx(2.0)  # 16 keys = L^2
+
+
+def test_logn_self_attention_is_the_identity_up_to_L_and_scales_logits_after(device):
+    """Up to L the layer is unchanged to the bit; past L each query's logits are multiplied by its factor."""
+    from posenc.attention import logn_query_scale
+
+    torch.manual_seed(0)
+    L, T = 4, 9
+    plain = SelfAttention(16, 4, backend="reference").to(device).double()
+    logn = SelfAttention(16, 4, backend="reference", logn_length=L).to(device).double()
+    logn.load_state_dict(plain.state_dict())
+    x = torch.randn(2, T, 16, dtype=torch.float64, device=device)
+    pos = torch.arange(T, device=device)
+    assert torch.equal(logn(x[:, :L], pos[:L], NoPE()), plain(x[:, :L], pos[:L], NoPE()))
+    _, w = logn(x, pos, NoPE(), return_weights=True)
+    q, k, _ = plain.qkv(x).split(16, dim=2)
+    q, k = (z.view(2, T, 4, 4).transpose(1, 2) for z in (q, k))
+    logits = (q @ k.transpose(-2, -1)) / 2.0 * logn_query_scale(pos, L).double()[:, None]  # (B, H, T, S)
+    expected = logits.masked_fill(causal_mask(T, T, device=device), float("-inf")).softmax(-1)
+    torch.testing.assert_close(w, expected)
+    _, w_plain = plain(x, pos, NoPE(), return_weights=True)
+    assert torch.equal(w[:, :, :L], w_plain[:, :, :L]) and not torch.allclose(w[:, :, L:], w_plain[:, :, L:])
+
+
+@pytest.mark.parametrize("bad", [1, 0, 2.5, True, "64"])
+def test_logn_length_validation(bad):
+    from posenc.attention import logn_query_scale
+
+    with pytest.raises(ValueError, match=rf"logn_length must be None \(off\) or an int >= 2 .*got {bad!r}"):
+        SelfAttention(8, 2, logn_length=bad)
+    with pytest.raises(ValueError, match=rf"length must be None \(off\) or an int >= 2 .*got {bad!r}"):
+        logn_query_scale(torch.arange(3), bad)

@@ -347,6 +347,29 @@ def test_passkey_retrieval_minimum_length_and_depths():
     assert len(depths) > 1  # the needle is hidden at varying depths
 
 
+@pytest.mark.parametrize("depth", [0, 0.25, 0.5, 1.0])
+def test_passkey_retrieval_at_a_fixed_depth(depth):
+    """``depth`` puts the needle after round(depth * F) of the F filler bytes, in every row."""
+    num_digits, length = 3, 300
+    overhead = len("The pass key is . Remember it. ") + len(" What is the pass key? The pass key is ") + 2 * num_digits
+    filler = length - overhead
+    task = passkey_retrieval(8, length, gen(0), num_digits=num_digits, depth=depth)
+    check_task_layout(task, 8, length - 1)
+    for row in range(8):
+        text = task.text(row)
+        assert len(text) == length and text.index("The pass key is ") == round(depth * filler)
+        assert f"The pass key is {text[-num_digits:]}. Remember it. " in text
+    assert len({task.text(r)[-num_digits:] for r in range(8)}) > 1  # the keys are still random
+    at_end = passkey_retrieval(1, length, gen(0), num_digits=num_digits, depth=1.0).text(0)
+    assert at_end[:-num_digits].endswith(". Remember it.  What is the pass key? The pass key is ")
+
+
+@pytest.mark.parametrize("depth", [-0.1, 1.5, "half", True, float("nan")])
+def test_passkey_retrieval_bad_depth(depth):
+    with pytest.raises(ValueError, match=r"depth must be None \(random\) or a number in \[0, 1\].*got"):
+        passkey_retrieval(2, 200, gen(), depth=depth)
+
+
 def test_passkey_retrieval_too_short():
     overhead = len("The pass key is . Remember it. ") + len(" What is the pass key? The pass key is ") + 2 * 5
     with pytest.raises(ValueError, match=f"length must be at least {overhead} for num_digits=5, got {overhead - 1}"):

@@ -154,3 +154,17 @@ def test_uniform_logits_give_log_vocab():
 
 def test_nope_model_has_no_position_parameters():
     assert list(NoPE().parameters()) == []
+
+
+def test_logn_scaling_changes_nothing_up_to_L_and_only_later_positions_past_it():
+    """LMConfig.logn_length: same logits (bit for bit) on windows of at most L tokens; on longer
+    windows the first L positions are unchanged (causal) and the later ones differ."""
+    L = 8
+    plain = TinyLM(LMConfig(**SMALL), "rope")
+    logn = TinyLM(LMConfig(**SMALL, logn_length=L), "rope")
+    idx = torch.randint(0, 256, (2, 16))
+    assert torch.equal(plain(idx[:, :L]), logn(idx[:, :L]))
+    a, b = plain(idx), logn(idx)
+    assert torch.equal(a[:, :L], b[:, :L]) and not torch.allclose(a[:, L:], b[:, L:])
+    with pytest.raises(ValueError, match=r"LMConfig.logn_length must be None \(off\) or an int >= 2 .*got 1"):
+        LMConfig(**SMALL, logn_length=1)

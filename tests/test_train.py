@@ -394,3 +394,25 @@ def test_train_task_bad_inputs():
         task_accuracy(model, _copy(2), num_examples=0)
     with pytest.raises(TypeError, match="data must be a 1-D tensor"):
         train(model, torch.zeros(4, 4, dtype=torch.long), cfg)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_each_process_of_a_sharded_step_takes_its_rows_and_their_mean_loss_is_the_batch_loss(masked):
+    """shard=(rank, world_size): the first step's loss (before any update) of each of 4 processes,
+    averaged, is the one-process loss of the whole batch, also when rows score different numbers of
+    tokens; DistributedDataParallel averages the gradients the same way (tests/test_distributed.py)."""
+    from posenc.data import Task
+    from posenc.train import train_task
+
+    def uneven(batch_size, generator):  # row i scores i + 1 tokens
+        x = torch.randint(0, 256, (batch_size, 9), generator=generator)
+        mask = torch.arange(8)[None, :] >= 7 - torch.arange(batch_size)[:, None]
+        return Task(inputs=x[:, :-1], targets=x[:, 1:], mask=mask)
+
+    cfg = quick_cfg(steps=1, batch_size=8, warmup_steps=0)
+    run = (lambda m, shard: train_task(m, uneven, cfg, shard=shard)) if masked else \
+        (lambda m, shard: train(m, random_bytes(), cfg, shard=shard))
+    whole = run(tiny_lm(), (0, 1)).losses[0]
+    shares = [run(tiny_lm(), (rank, 4)).losses[0] for rank in range(4)]
+    assert len(set(shares)) == 4  # each process sees other rows
+    assert sum(shares) / 4 == pytest.approx(whole, rel=1e-6)

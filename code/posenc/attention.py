@@ -24,6 +24,7 @@ logit bias (as a tensor or as a function) and, for methods that have one, a valu
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable, Optional, Union
 
@@ -374,6 +375,43 @@ def attention(
     return out  # (B, H, T, Dv)
 
 
+def check_logn_length(length, name: str = "logn_length") -> None:
+    """Raise ``ValueError`` unless ``length`` is ``None`` or an int ``>= 2`` (``log L`` divides)."""
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 2):
+        raise ValueError(f"{name} must be None (off) or an int >= 2 (the training length L), got {length!r}")
+
+
+def logn_query_scale(positions: Tensor, length: int) -> Tensor:
+    """Log-n attention scaling: the factor ``max(1, log(n + 1) / log(L))`` of the query at position ``n``.
+
+    Source 004 §4.2(5) ("adding log n to concentrate attention helps"). Su (2021, "Attention's scale
+    from entropy invariance", kexue.fm/archives/8823) keeps the entropy of the attention weights
+    from growing with the number of keys ``m`` by *multiplying* the logits by ``log m / log L``,
+    ``L`` the training length, which sharpens the softmax on long inputs (the source's gloss says
+    "divide", which would flatten it); Qwen (``use_logn_attn``) applies it to the query, with
+    ``m = n + 1`` (a causal query at position ``n`` sees ``n + 1`` keys) and only past the training
+    length: this function. It is the identity for ``n + 1 <= L``, so a model trained on windows of at
+    most ``L`` tokens is trained the same with or without it. Chiang & Cholak (2022,
+    arXiv:2202.12172) scale the logits by the log of the sequence length at every length, in training
+    too: a different variant, not this one.
+
+    Args:
+        positions: ``(T,)`` integer positions ``n`` of the queries.
+        length: ``L``, the training length; ``>= 2``.
+
+    Returns:
+        ``(T,)`` float32 factors, exactly 1.0 where ``n + 1 <= L``.
+
+    Raises:
+        TypeError: if ``positions`` is not an integer tensor.
+        ValueError: if ``positions`` is not 1-D or negative, or ``length`` is not an int ``>= 2``.
+    """
+    check_positions(positions)
+    check_logn_length(length, "length")
+    count = (positions + 1).to(torch.float64)  # (T,) keys seen by each query
+    return torch.clamp(torch.log(count) / math.log(length), min=1.0).float()  # (T,)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention whose position handling is delegated to a position method.
 
@@ -387,17 +425,27 @@ class SelfAttention(nn.Module):
         bias: whether the projections have biases.
         backend: ``"sdpa"`` (default), ``"reference"`` or ``"flex"``, passed to :func:`attention`.
             Methods with a value term (``method.needs_attention_weights``) always use ``"reference"``.
+        logn_length: ``None`` (off), or the training length ``L`` of log-n scaling: after the
+            method's ``transform_qk``, the query at position ``n`` is multiplied by
+            :func:`logn_query_scale` (``max(1, log(n + 1) / log L)``), so every logit term linear
+            in the query is scaled (content-content, and the content-position terms of
+            Transformer-XL, DeBERTa and TUPE); a bias that does not depend on the query (ALiBi, T5)
+            is not.
 
     Raises:
-        ValueError: if ``n_head`` does not divide ``d_model`` or the backend is unknown.
+        ValueError: if ``n_head`` does not divide ``d_model``, the backend is unknown or
+            ``logn_length`` is neither ``None`` nor an int ``>= 2``.
     """
 
-    def __init__(self, d_model: int, n_head: int, *, bias: bool = False, backend: str = "sdpa"):
+    def __init__(self, d_model: int, n_head: int, *, bias: bool = False, backend: str = "sdpa",
+                 logn_length: Optional[int] = None):
         super().__init__()
         if n_head < 1 or d_model % n_head != 0:
             raise ValueError(f"n_head must be a positive divisor of d_model={d_model}, got n_head={n_head}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_logn_length(logn_length)
+        self.logn_length = logn_length
         self.n_head, self.head_dim, self.backend = n_head, d_model // n_head, backend
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
@@ -444,6 +492,8 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
         q, k = method.transform_qk(q, k, positions, positions, layer)
+        if self.logn_length is not None:
+            q = q * logn_query_scale(positions, self.logn_length).to(q.dtype)[:, None]  # (B, H, T, D)
         k_positions = positions
         if cache is not None:  # keys are stored after the transform: never transformed again
             if key_positions is None:

@@ -216,22 +216,33 @@ _FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. 
 _QUESTION = b" What is the pass key? The pass key is "
 
 
-def passkey_retrieval(batch_size: int, length: int, generator: torch.Generator, num_digits: int = 5) -> Task:
+def passkey_retrieval(
+    batch_size: int, length: int, generator: torch.Generator, num_digits: int = 5, depth: Optional[float] = None
+) -> Task:
     """Passkey retrieval (Mohtashami & Jaggi 2023, arXiv:2305.16300): find a number hidden in filler text.
 
-    Each row is filler text with ``"The pass key is 12345. Remember it. "`` inserted at a random
-    depth, then the question; the answer is the digits. Rows share the length ``length``.
+    Each row is filler text with ``"The pass key is 12345. Remember it. "`` inserted at a depth,
+    then the question; the answer is the digits. Rows share the length ``length``.
 
     Args:
         batch_size: ``B``.
         length: total bytes of each row including the answer (``T = length - 1``).
-        generator: seeds the passkeys and depths.
+        generator: seeds the passkeys and (when ``depth`` is ``None``) the depths.
         num_digits: digits of the passkey.
+        depth: where the needle goes, as the fraction of the filler before it: ``0`` puts it first,
+            ``1`` last, just before the question (``round(depth * F)`` of the ``F`` filler bytes
+            precede it). ``None`` draws a depth per row uniformly from ``0 .. F`` bytes.
 
     Raises:
-        ValueError: if ``length`` is too short to hold the needle, the question and the answer.
+        ValueError: if ``length`` is too short to hold the needle, the question and the answer, or
+            ``depth`` is not ``None`` or a number in ``[0, 1]``.
     """
     _check_positive(batch_size=batch_size, length=length, num_digits=num_digits)
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1):
+        raise ValueError(
+            "depth must be None (random) or a number in [0, 1] (the fraction of the filler before the needle), "
+            f"got {depth!r}"
+        )
     overhead = len(b"The pass key is . Remember it. ") + len(_QUESTION) + 2 * num_digits
     if length < overhead:
         raise ValueError(f"length must be at least {overhead} for num_digits={num_digits}, got {length}")
@@ -240,7 +251,10 @@ def passkey_retrieval(batch_size: int, length: int, generator: torch.Generator, 
     seqs, starts = [], []
     for _ in range(batch_size):
         key = bytes(_DIGITS[d] for d in torch.randint(0, 10, (num_digits,), generator=generator).tolist())
-        cut = int(torch.randint(0, filler_len + 1, (1,), generator=generator))
+        if depth is None:
+            cut = int(torch.randint(0, filler_len + 1, (1,), generator=generator))
+        else:
+            cut = round(depth * filler_len)
         needle = b"The pass key is " + key + b". Remember it. "
         seq = filler[:cut] + needle + filler[cut:] + _QUESTION + key
         seqs.append(seq)

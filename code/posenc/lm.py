@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.attention import BACKENDS, SelfAttention
+from posenc.attention import BACKENDS, SelfAttention, check_logn_length
 from posenc.kv_cache import KVCache
 from posenc.method import PositionMethod, build_method, check_positions
 
@@ -34,6 +34,10 @@ class LMConfig:
     dropout: float = 0.0  #: dropout after attention and MLP (0 keeps training deterministic)
     attn_backend: str = "sdpa"  #: "sdpa" or "reference" (see posenc.attention.attention)
     seed: int = 0  #: seed of the parameter initialisation (does not touch the global RNG)
+    #: the training length L of log-n attention scaling, which multiplies the query at position n by
+    #: max(1, log(n + 1) / log L) (posenc.attention.logn_query_scale); None turns it off. It is the
+    #: identity up to L, so it changes nothing in training on windows of at most L tokens.
+    logn_length: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layer", "n_head", "max_len", "mlp_ratio"):
@@ -46,6 +50,7 @@ class LMConfig:
             raise ValueError(f"LMConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if self.attn_backend not in BACKENDS:
             raise ValueError(f"LMConfig.attn_backend must be one of {BACKENDS}, got {self.attn_backend!r}")
+        check_logn_length(self.logn_length, "LMConfig.logn_length")
 
     @property
     def head_dim(self) -> int:
@@ -60,7 +65,7 @@ class Block(nn.Module):
         super().__init__()
         c = config.d_model
         self.ln1 = nn.LayerNorm(c)
-        self.attn = SelfAttention(c, config.n_head, backend=config.attn_backend)
+        self.attn = SelfAttention(c, config.n_head, backend=config.attn_backend, logn_length=config.logn_length)
         self.ln2 = nn.LayerNorm(c)
         self.mlp = nn.Sequential(
             nn.Linear(c, config.mlp_ratio * c, bias=False),

@@ -1,7 +1,9 @@
 """Training loop and the evaluation every experiment of the book reports.
 
 :func:`train` is AdamW with linear warmup and cosine decay (:func:`lr_at`), gradient clipping and
-a seeded data order; nothing global is read or set, so the same call works inside ``torchrun``.
+a seeded data order; nothing global is read or set, so the same call works inside ``torchrun``,
+and its ``shard`` argument gives each process its slice of every batch for data-parallel training
+(:func:`posenc.experiments.distributed.train_data_parallel`).
 :func:`evaluate` returns the loss **at every token position** of windows of a given length, and
 :func:`evaluate_lengths` does so for several lengths: the diagnostic curves of length
 extrapolation.
@@ -101,7 +103,8 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def train(
-    model: nn.Module, data: Tensor, cfg: TrainConfig, *, penalty: Optional[Callable[[], Tensor]] = None
+    model: nn.Module, data: Tensor, cfg: TrainConfig, *, penalty: Optional[Callable[[], Tensor]] = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> TrainResult:
     """Train ``model`` on random windows of ``data`` for next-token prediction.
 
@@ -117,12 +120,18 @@ def train(
             returns is added to the loss before the backward pass, e.g.
             ``lambda: 0.01 * difference_penalty(model.position.table())`` (source 000, eqs.
             6.3.22-6.3.24). The recorded ``losses`` exclude it; ``penalties`` records it.
+        shard: ``(rank, world_size)`` for data-parallel training: this process computes its slice
+            (:func:`batch_rows`) of every global batch of ``cfg.batch_size`` windows, and its loss is
+            its share of the batch's mean, so that the mean over the processes of their losses and
+            gradients (what ``torch.nn.parallel.DistributedDataParallel`` computes) is the loss and
+            gradient of the whole batch. ``(0, 1)``, the default, is ordinary training.
 
     Returns:
         The per-step losses, penalties and learning rates. The model is left in eval mode.
 
     Raises:
-        ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``.
+        ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``, or ``shard`` is not a
+            valid ``(rank, world_size)`` whose ``world_size`` divides ``cfg.batch_size``.
         TypeError: if ``data`` is not a 1-D tensor, or ``penalty`` is not callable or returns
             something other than a scalar tensor.
     """
@@ -133,12 +142,12 @@ def train(
         x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
         return x, y, None
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len)
+    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len, shard=shard)
 
 
 def train_task(
     model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig, *,
-    penalty: Optional[Callable[[], Tensor]] = None,
+    penalty: Optional[Callable[[], Tensor]] = None, shard: tuple[int, int] = (0, 1),
 ) -> TrainResult:
     """Train ``model`` on a synthetic task, scoring only the answer tokens.
 
@@ -153,13 +162,15 @@ def train_task(
             ``task(batch_size, generator)`` and returning a :class:`~posenc.data.Task`.
         cfg: hyper-parameters; ``seed`` seeds the stream of examples.
         penalty: optional regulariser added to the loss, as in :func:`train`.
+        shard: ``(rank, world_size)`` for data-parallel training, as in :func:`train`.
 
     Returns:
         The per-step losses (nats per answer token) and learning rates. The model is left in eval mode.
 
     Raises:
         TypeError: if ``task`` is not callable or does not return a :class:`~posenc.data.Task`.
-        ValueError: if the task's sequences are longer than the model's ``config.max_len``.
+        ValueError: if the task's sequences are longer than the model's ``config.max_len``, or for a
+            bad ``shard``.
     """
     if not callable(task):
         raise TypeError(f"task must be a callable (batch_size, generator) -> Task, got {type(task).__name__}")
@@ -171,17 +182,56 @@ def train_task(
         _check_length(model, batch.inputs.shape[1], "the task's sequence length")
         return batch.inputs.to(device), batch.targets.to(device), batch.mask.to(device)
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=None)
+    return _fit(model, cfg, next_batch, penalty, seq_len=None, shard=shard)
+
+
+def batch_rows(batch_size: int, rank: int, world_size: int) -> slice:
+    """The rows of a global batch that rank ``rank`` of ``world_size`` computes: equal, contiguous slices.
+
+    Args:
+        batch_size: ``B``, the rows of the global batch.
+        rank: this process's index, ``0 .. world_size - 1``.
+        world_size: the number of processes sharing the batch.
+
+    Returns:
+        ``slice(rank * B / world_size, (rank + 1) * B / world_size)``.
+
+    Raises:
+        ValueError: if ``world_size`` does not divide ``batch_size`` (unequal slices would weight the
+            ranks' losses unequally), or ``rank`` is out of range.
+    """
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world_size))
+    if not ints or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"shard must be (rank, world_size) with 0 <= rank < world_size, got ({rank!r}, {world_size!r})")
+    if batch_size % world_size:
+        raise ValueError(
+            f"batch_size={batch_size} must be divisible by the number of processes, world_size={world_size}")
+    per = batch_size // world_size
+    return slice(rank * per, (rank + 1) * per)
 
 
 def _check_length(model: nn.Module, length: int, what: str) -> None:
+    model = getattr(model, "module", model)  # a DistributedDataParallel wrapper holds the model
     max_len = getattr(getattr(model, "config", None), "max_len", None)
     if max_len is not None and length > max_len:
         raise ValueError(f"{what}={length} exceeds the model's max_len={max_len}")
 
 
-def _fit(model, cfg, next_batch, penalty, seq_len) -> TrainResult:
-    """The optimisation loop shared by :func:`train` and :func:`train_task`."""
+def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1)) -> TrainResult:
+    """The optimisation loop shared by :func:`train` and :func:`train_task`.
+
+    With ``shard = (rank, world_size)``, ``world_size > 1``, every process draws the same global
+    batch (the generator is seeded by ``cfg.seed`` alone) and computes the rows :func:`batch_rows`
+    gives it. Its loss is the sum over its scored tokens divided by ``N / world_size``, ``N`` the
+    scored tokens of the whole batch: the mean of the processes' losses, and of their gradients
+    (what ``DistributedDataParallel`` computes), is then the loss and gradient of the whole batch,
+    whatever the number of scored tokens per row.
+    """
+    if not isinstance(shard, tuple) or len(shard) != 2:
+        raise ValueError(f"shard must be a tuple (rank, world_size), got {shard!r}")
+    rows = batch_rows(cfg.batch_size, *shard)
+    world_size = shard[1]
     if seq_len is not None:
         _check_length(model, seq_len, "cfg.seq_len")
     if penalty is not None and not callable(penalty):
@@ -203,7 +253,12 @@ def _fit(model, cfg, next_batch, penalty, seq_len) -> TrainResult:
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y, mask = next_batch(generator, device)
-        if mask is None:
+        if world_size > 1:
+            scored = y.numel() if mask is None else int(mask.sum())  # N, over the whole batch
+            x, y, mask = x[rows], y[rows], None if mask is None else mask[rows]  # this process's rows
+            per_token = next_token_loss(model(x), y, reduction="none")  # (B / world_size, T)
+            loss = (per_token if mask is None else per_token[mask]).sum() / (scored / world_size)
+        elif mask is None:
             loss = next_token_loss(model(x), y)
         else:
             loss = next_token_loss(model(x), y, reduction="none")[mask].mean()

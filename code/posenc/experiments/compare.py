@@ -7,8 +7,9 @@ and the settings every arm is trained in:
   scored by the validation loss in nats per byte at the training length;
 - ``"copy"``: the copy task of :func:`posenc.data.copy_task` (``"qzbk|qzbk"``), trained on the
   answer tokens only (:func:`posenc.train.train_task`) and scored by the accuracy on the copied
-  half. Copying a string of ``n`` letters means reading the letter exactly ``n + 1`` positions back,
-  which a model cannot do without some notion of position;
+  half. Copying a string of ``n`` letters means reading, from the position that predicts a letter,
+  the letter exactly ``n`` positions back (``n + 1`` before the predicted one), which a model cannot
+  do without some notion of position;
 - ``"copy-long"``: the same task trained for longer (:attr:`Study.copy_long`), in studies that
   define it, to see whether what does not copy at the standard budget learns to later.
 
@@ -29,15 +30,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
-import fcntl
-import json
 import math
-import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,12 +42,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from posenc.data import copy_task, load_stdlib_corpus
+from posenc.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
 from posenc.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod
 from posenc.train import TrainConfig, evaluate, task_accuracy, train, train_task
 
-#: Where the book's stored studies live, relative to the repository root.
-RESULTS_DIR = Path("book") / "results"
 #: The settings an arm can be trained in (``"copy-long"`` only in studies with :attr:`Study.copy_long`).
 SETTINGS = ("lm", "copy", "copy-long")
 
@@ -321,40 +315,6 @@ def _lookup(record: dict, metric: str):
     return value
 
 
-def load_records(path: str | Path) -> dict:
-    """Read a stored study (``{"meta": ..., "records": [...]}``).
-
-    Raises:
-        FileNotFoundError: if ``path`` does not exist.
-    """
-    return json.loads(Path(path).read_text())
-
-
-def _cpu_name() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``), else what :mod:`platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _provenance(device: str) -> dict:
-    root = Path(__file__).resolve().parents[3]
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    dev = str(device)
-    hardware = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else _cpu_name()
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "code")),
-            "torch": torch.__version__, "python": platform.python_version(), "machine": hardware,
-            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": dev}
-
-
 def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = None,
               seeds: Optional[Sequence[int]] = None, settings: Optional[Sequence[str]] = None,
               shard: tuple[int, int] = (0, 1), device: str = "cpu", command: str = "", log=print) -> dict:
@@ -379,52 +339,34 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
             raise ValueError(f"settings must be among {study.settings} for study {study.name!r}, got {setting!r}")
     grid = study.cells(labels, seeds, settings)
     mine = grid[shard[0]::shard[1]]
-    provenance = _provenance(device)  # read once, before training: the code this process imported
+    origin = provenance(device)  # read once, before training: the code this process imported
     for i, (label, seed, setting) in enumerate(mine):
-        if _has(out, label, seed, setting):
+        if (label, seed, setting) in finished_keys(out, _cell_key):
             continue
         record = run_cell(study, label, seed, setting, device=device)
-        _append(out, study, record, command, provenance)
+        append_records(out, [stamp(record, origin, command)], _cell_key, lambda records: _meta(study, records))
         score = record.get("val_loss", record.get("token_accuracy"))
         log(f"[{i + 1}/{len(mine)}] {setting:4s} {label:32s} seed {seed}: {score:.4f} ({record['seconds']:.0f} s)")
     return load_records(out)
 
 
-def _locked(out: Path):
-    out.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(out.with_suffix(".lock"), "w")
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
+def _cell_key(record: dict) -> tuple[str, int, str]:
+    return record["arm"], record["seed"], record["setting"]
 
 
-def _has(out: Path, label: str, seed: int, setting: str) -> bool:
-    if not out.exists():
-        return False
-    return any(r["arm"] == label and r["seed"] == seed and r["setting"] == setting
-               for r in load_records(out)["records"])
-
-
-def _append(out: Path, study: Study, record: dict, command: str, provenance: dict) -> None:
-    with _locked(out):
-        data = load_records(out) if out.exists() else {"meta": {}, "records": []}
-        record = dict(record, **provenance, command=command, finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-        data["records"] = [r for r in data["records"] if not (r["arm"] == record["arm"] and r["seed"] == record["seed"]
-                                                               and r["setting"] == record["setting"])] + [record]
-        data["meta"] = {
-            "study": study.name, "command": f"python -m posenc.experiments.compare {study.name}",
-            "model": dataclasses.asdict(study.model), "lm": dataclasses.asdict(study.lm),
-            "copy": dataclasses.asdict(study.copy), "copy_length": study.copy_length,
-            **({"copy_long": dataclasses.asdict(study.copy_long)} if study.copy_long is not None else {}),
-            "eval_windows": study.eval_windows, "eval_examples": study.eval_examples,
-            "seeds": sorted({r["seed"] for r in data["records"]}),
-            "wall_seconds": round(sum(r["seconds"] for r in data["records"]), 1),
-            "note": "meta.command rebuilds the whole study (finished cells are kept); each record carries the "
-                    "command, commit, torch version, machine and wall time of its own run (records made before "
-                    "the command was stored per record have no 'command').",
-        }
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        tmp.replace(out)
+def _meta(study: Study, records: list[dict]) -> dict:
+    return {
+        "study": study.name, "command": f"python -m posenc.experiments.compare {study.name}",
+        "model": dataclasses.asdict(study.model), "lm": dataclasses.asdict(study.lm),
+        "copy": dataclasses.asdict(study.copy), "copy_length": study.copy_length,
+        **({"copy_long": dataclasses.asdict(study.copy_long)} if study.copy_long is not None else {}),
+        "eval_windows": study.eval_windows, "eval_examples": study.eval_examples,
+        "seeds": sorted({r["seed"] for r in records}),
+        "wall_seconds": round(sum(r["seconds"] for r in records), 1),
+        "note": "meta.command rebuilds the whole study (finished cells are kept); each record carries the "
+                "command, commit, torch version, machine and wall time of its own run (records made before "
+                "the command was stored per record have no 'command').",
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,0 +1,252 @@
+"""Running an experiment on several processes or machines with ``torch.distributed``.
+
+Two ways to use more than one process, both under ``torchrun`` (``python -m torch.distributed.run``):
+
+- **a sharded grid**: independent runs (cells) are shared out through a :class:`WorkQueue`: each
+  rank claims the next cell as soon as it is free (so a slow cell never holds the others up),
+  trains it alone and posts its records, which rank 0 collects and writes;
+- **data parallel** (:func:`train_data_parallel`): all ranks train *one* model with
+  :class:`~torch.nn.parallel.DistributedDataParallel`, each on its slice of every global batch
+  (:func:`posenc.train.batch_rows`), so that the run is the one-process run at the same global batch
+  and seed, up to the order of floating-point sums.
+
+:func:`init` joins the process group that ``torchrun`` describes in the environment (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``): gloo on the CPU, NCCL on CUDA
+(one GPU per process, ``cuda:LOCAL_RANK``), and the key-value store of ``torchrun``'s rendezvous,
+which the work queue uses. Without ``torchrun`` it returns a one-process context and every helper
+here does the one-process thing, so the same code runs in a notebook, in one process and on many.
+Nothing here reads or sets global state beyond the process group itself: every function takes the
+:class:`DistContext` it works in.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import pickle
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+#: How long a collective waits for the slowest rank before failing (a cell can take a while).
+TIMEOUT = _dt.timedelta(hours=12)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands among the processes of a run."""
+
+    rank: int = 0  #: index of this process among all processes (torchrun's ``RANK``)
+    world_size: int = 1  #: number of processes (``WORLD_SIZE``)
+    local_rank: int = 0  #: index of this process on its machine (``LOCAL_RANK``); picks the GPU
+    device: str = "cpu"  #: this process's device, ``"cpu"`` or ``"cuda:LOCAL_RANK"`` for CUDA
+    backend: Optional[str] = None  #: ``"gloo"`` or ``"nccl"`` while a process group is up, else ``None``
+    #: the rendezvous key-value store (``torch.distributed.Store``), shared by all ranks; ``None`` alone
+    store: Optional[Any] = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {self.world_size!r}")
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be an int in 0..world_size-1={self.world_size - 1}, got {self.rank!r}")
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the process that writes results."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there is more than one process (and so a process group)."""
+        return self.world_size > 1
+
+
+def launched_by_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``env`` describes a process started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set)."""
+    return "RANK" in env and "WORLD_SIZE" in env
+
+
+def init(device: str = "cpu", *, env: Mapping[str, str] = os.environ) -> DistContext:
+    """Join the process group ``torchrun`` set up, or describe a lone process.
+
+    The store is the one ``torchrun``'s agent hosts (``TORCHELASTIC_USE_AGENT_STORE``), or else one
+    hosted by rank 0, at ``MASTER_ADDR:MASTER_PORT``, as ``init_process_group``'s ``env://`` would
+    make it; the process group and the :class:`WorkQueue` s use it under separate prefixes.
+
+    Args:
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, this process on ``cuda:LOCAL_RANK``); a lone
+            process keeps ``device`` as given (e.g. ``"cuda:1"``).
+        env: the environment to read (``os.environ``; tests pass their own).
+
+    Returns:
+        The :class:`DistContext`; call :func:`shutdown` with it at the end.
+
+    Raises:
+        ValueError: if ``device`` is neither a CPU nor a CUDA device.
+        RuntimeError: if a default process group already exists (this function creates it).
+    """
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (one GPU per process), got {device!r}")
+    if not launched_by_torchrun(env) or int(env["WORLD_SIZE"]) == 1:
+        return DistContext(device=str(device))
+    if dist.is_initialized():
+        raise RuntimeError("a default process group exists already; posenc.experiments.distributed.init creates it")
+    rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
+    if kind == "cuda":
+        device = f"cuda:{local}"
+        torch.cuda.set_device(torch.device(device))  # NCCL's object collectives use the current device
+    backend = "nccl" if kind == "cuda" else "gloo"
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=rank == 0 and not agent,
+                          timeout=TIMEOUT, multi_tenant=True)
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted run must not read an earlier run's keys
+    dist.init_process_group(backend, store=dist.PrefixStore(f"posenc/group/{attempt}", store), rank=rank,
+                            world_size=world, timeout=TIMEOUT)
+    return DistContext(rank=rank, world_size=world, local_rank=local, device=str(device), backend=backend,
+                       store=dist.PrefixStore(f"posenc/work/{attempt}", store))
+
+
+def shutdown(ctx: DistContext) -> None:
+    """Leave the process group of ``ctx`` (nothing for a lone process)."""
+    if ctx.backend is not None and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_to_main(obj: Any, ctx: DistContext) -> Optional[list]:
+    """Collect one picklable object from every rank on rank 0.
+
+    Returns:
+        On rank 0 the list of the ranks' objects (in rank order); ``None`` elsewhere. A lone
+        process gets ``[obj]``.
+    """
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_from_main(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``obj`` on every rank (what the others pass is ignored)."""
+    if not ctx.distributed:
+        return obj
+    box = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class WorkQueue:
+    """Items ``0 .. size - 1`` claimed one at a time by whichever rank is free; results go to rank 0.
+
+    Dynamic sharding through the rendezvous store: :meth:`claim` hands out the next item (an atomic
+    counter, so no item is run twice and a rank that finishes early takes more), :meth:`put` posts
+    an item's result, and rank 0's :meth:`collect` takes every result posted so far (or, with
+    ``wait``, all of them). No collective is involved, so no rank waits for another until the end.
+    A lone process runs every item itself, in order.
+
+    Args:
+        ctx: the run's context (its ``store`` is used when there are several ranks).
+        size: the number of items.
+        name: the queue's name, the same on every rank and new for every queue of a process group
+            (e.g. a :func:`new_name` broadcast from rank 0).
+
+    Raises:
+        ValueError: if ``size`` is negative, or several ranks have no store.
+    """
+
+    def __init__(self, ctx: DistContext, size: int, name: str):
+        if not isinstance(size, int) or size < 0:
+            raise ValueError(f"size must be an int >= 0, got {size!r}")
+        if ctx.distributed and ctx.store is None:
+            raise ValueError("a WorkQueue over several ranks needs ctx.store (use posenc.experiments.distributed.init)")
+        self.ctx, self.size, self.name = ctx, size, name
+        self._next = 0  # a lone process's counter
+        self._posted: dict[int, Any] = {}  # a lone process's results
+        self._pending = set(range(size))  # rank 0: results not collected yet
+
+    def _key(self, what: str) -> str:
+        return f"{self.name}/{what}"
+
+    def claim(self) -> Optional[int]:
+        """The next unclaimed item, or ``None`` when every item has been claimed."""
+        if self.ctx.distributed:
+            index = self.ctx.store.add(self._key("next"), 1) - 1
+        else:
+            index, self._next = self._next, self._next + 1
+        return index if index < self.size else None
+
+    def put(self, index: int, result: Any) -> None:
+        """Post the (picklable) result of item ``index`` for rank 0."""
+        if self.ctx.distributed:
+            self.ctx.store.set(self._key(f"result/{index}"), pickle.dumps(result))
+        else:
+            self._posted[index] = result
+
+    def collect(self, wait: bool = False) -> list[tuple[int, Any]]:
+        """On rank 0: ``(index, result)`` of every result posted and not collected yet, by index.
+
+        Args:
+            wait: block until every item's result has been posted.
+
+        Raises:
+            RuntimeError: on a rank other than 0.
+        """
+        if not self.ctx.is_main:
+            raise RuntimeError(f"only rank 0 collects results; this is rank {self.ctx.rank}")
+        out = []
+        for index in sorted(self._pending):
+            key = self._key(f"result/{index}")
+            if not self.ctx.distributed:
+                if index not in self._posted:
+                    continue
+                out.append((index, self._posted.pop(index)))
+            else:
+                if wait:
+                    self.ctx.store.wait([key])
+                elif not self.ctx.store.check([key]):
+                    continue
+                out.append((index, pickle.loads(self.ctx.store.get(key))))
+                self.ctx.store.delete_key(key)
+            self._pending.discard(index)
+        return out
+
+
+def new_name(ctx: DistContext) -> str:
+    """A name no earlier queue of this process group has had: rank 0's random one, on every rank."""
+    return broadcast_from_main(uuid.uuid4().hex if ctx.is_main else None, ctx)
+
+
+def train_data_parallel(model: nn.Module, fit: Callable[[nn.Module, tuple[int, int]], Any], ctx: DistContext):
+    """Train one model on all ranks with :class:`~torch.nn.parallel.DistributedDataParallel`.
+
+    ``fit(module, shard)`` is a training call such as
+    ``lambda m, shard: posenc.train.train(m, data, cfg, shard=shard)``: every rank draws the same
+    global batch from the same seed and computes the rows :func:`posenc.train.batch_rows` gives it, and DDP
+    averages the gradients, so the update is the one-process update on the whole batch. The
+    recorded per-step losses (each rank's share) are averaged over the ranks afterwards, giving the
+    loss of the whole batch at every step. For a lone process this is ``fit(model, (0, 1))``.
+
+    Args:
+        model: the module to train, identical on every rank (same seed), on ``ctx.device``.
+        fit: trains the module it is given with the shard it is given; returns a
+            :class:`~posenc.train.TrainResult`.
+        ctx: the run's context.
+
+    Returns:
+        ``fit``'s result, with ``losses`` those of the global batch. ``model`` is trained in place
+        (identical on every rank).
+    """
+    if not ctx.distributed:
+        return fit(model, (0, 1))
+    device_ids = [torch.device(ctx.device).index] if ctx.backend == "nccl" else None
+    wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    result = fit(wrapped, (ctx.rank, ctx.world_size))
+    losses = torch.tensor(result.losses, dtype=torch.float64, device=ctx.device)  # (steps,)
+    dist.all_reduce(losses)
+    result.losses = (losses / ctx.world_size).tolist()
+    return result

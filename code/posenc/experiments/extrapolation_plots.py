@@ -1,0 +1,219 @@
+"""Figures of the length-extrapolation study (:mod:`posenc.experiments.extrapolation`), from its stored JSON.
+
+:func:`summarize` reduces the evaluation records over seeds (mean, min, max); the three figures are
+the loss at every position at the longest length (:func:`plot_loss_vs_position`), the loss and the
+passkey accuracy against the evaluation length (:func:`plot_length_sweep`) and the passkey accuracy
+at every (length, depth) (:func:`plot_passkey_grid`). Every curve is a mean over seeds with the
+range over seeds as a band or error bar. matplotlib is imported only when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def variant_label(record: dict) -> str:
+    """How a record's model is named in the figures: ``"rope"``, ``"alibi + log-n"``,
+    ``"rope, yarn zero-shot"``, ``"rope, linear fine-tuned"``."""
+    label = record["method"]
+    if record.get("finetune"):
+        label += f", {record['finetune']} fine-tuned"
+    elif record.get("scaling", "none") != "none":
+        label += f", {record['scaling']} zero-shot"
+    if record.get("logn"):
+        label += " + log-n"
+    return label
+
+
+def summarize(records: Sequence[dict], task: str, metric: str, *, over_depths: bool = False) -> dict[str, dict]:
+    """Mean, min, max and count over seeds of ``metric`` for every model variant and evaluation point.
+
+    Args:
+        records: the stored records (``"kind": "eval"`` ones are used).
+        task: ``"lm"`` or ``"passkey"``.
+        metric: a scalar field (``"loss"``, ``"exact_match"``, ...) or ``"loss_per_position"``
+            (a list, reduced elementwise).
+        over_depths: average each seed's values over the passkey depths first (the point's depth
+            is then ``None``).
+
+    Returns:
+        ``{label: {(eval_length, depth): {"mean", "min", "max", "n"}}}`` (``depth`` is ``None`` for
+        the LM), labels in the order they first appear (:func:`variant_label`); ``n`` counts seeds.
+    """
+    per_seed: dict[str, dict[tuple, dict[int, list]]] = {}
+    for r in records:
+        if r.get("kind") == "eval" and r["task"] == task and metric in r:
+            point = (r["eval_length"], None if over_depths else r["depth"])
+            per_seed.setdefault(variant_label(r), {}).setdefault(point, {}).setdefault(r["seed"], []).append(r[metric])
+    out: dict[str, dict] = {}
+    for label, points in per_seed.items():
+        out[label] = {}
+        for point, seeds in points.items():
+            v = np.asarray([np.mean(np.asarray(x, dtype=float), axis=0) for x in seeds.values()])  # (seeds, ...)
+            out[label][point] = {"mean": v.mean(0), "min": v.min(0), "max": v.max(0), "n": len(v)}
+    return out
+
+
+def identity_at_training_length(summary: dict[str, dict], train_length: int) -> dict[str, dict]:
+    """``summary`` with the points at ``L`` of each variant that is the identity there filled in.
+
+    Log-n scaling and the zero-shot RoPE scalings (factor 1 at ``L``) are evaluated only past ``L``
+    (at ``L`` they are the plain model); their curves start from the plain model's points at ``L``.
+    """
+    out = {label: dict(points) for label, points in summary.items()}
+    for label, points in out.items():
+        base = label.removesuffix(" + log-n").split(",")[0] if "fine-tuned" not in label else None
+        if base is not None and base != label and base in summary:
+            for (n, depth), s in summary[base].items():
+                if n == train_length:
+                    points.setdefault((n, depth), s)
+        out[label] = dict(sorted(points.items(), key=lambda item: (item[0][0], item[0][1] or 0.0)))
+    return out
+
+
+def _is_rope_variant(label: str) -> bool:
+    return label.startswith("rope") and label != "rope + log-n"
+
+
+def _panels(labels: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The panels of a figure: plain methods, methods with log-n, RoPE's scalings and fine-tunes."""
+    plain = [x for x in labels if "," not in x and "log-n" not in x]
+    logn = [x for x in labels if x.endswith("+ log-n") and "," not in x]
+    rope = ["rope"] * ("rope" in labels) + [x for x in labels if x.startswith("rope,")]
+    panels = [("every method", plain), ("with log-n scaling past L", logn), ("RoPE: scalings and fine-tunes", rope)]
+    return [(title, members) for title, members in panels if members]
+
+
+def _figure(rows: int, cols: int, width: float = 5.0, height: float = 3.6):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat:
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 20 distinct colours: one per method
+    return fig, axes
+
+
+def _save(fig, directory: str | Path, name: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(directory) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _summary(data: dict, task: str, metric: str, over_depths: bool = False) -> tuple[dict, int]:
+    """The :func:`summarize` of a stored study, with the identity variants filled in at ``L``, and ``L``."""
+    records = data["records"]
+    summary = summarize(records, task, metric, over_depths=over_depths)
+    if not summary:
+        return {}, 0
+    L = next(r["trained_length"] for r in records if "trained_length" in r)
+    return identity_at_training_length(summary, L), L
+
+
+def plot_loss_vs_position(data: dict, directory: str | Path, length: Optional[int] = None,
+                          name: str = "extrapolation_loss_vs_position.png") -> Optional[Path]:
+    """Byte-LM loss at every position of windows of ``length`` (default: the longest evaluated).
+
+    Curves are running means over ``L / 4`` positions; the training length ``L`` is a dashed line.
+
+    Returns:
+        The PNG's path, or ``None`` if the data has no LM evaluations.
+    """
+    summary, L = _summary(data, "lm", "loss_per_position")
+    if not summary:
+        return None
+    length = length or max(n for points in summary.values() for n, _ in points)
+    width = max(1, L // 4)
+    panels = _panels([x for x in summary if (length, None) in summary[x]])
+    fig, axes = _figure(1, len(panels))
+    for ax, (title, labels) in zip(axes[0], panels):
+        for label in labels:
+            s = summary[label][(length, None)]
+            smooth = lambda v: np.convolve(v, np.ones(width) / width, mode="valid")  # noqa: E731
+            x = np.arange(len(smooth(s["mean"]))) + width - 1
+            line, = ax.plot(x, smooth(s["mean"]), lw=1, label=f"{label} (n={s['n']})")
+            if s["n"] > 1:
+                ax.fill_between(x, smooth(s["min"]), smooth(s["max"]), color=line.get_color(), alpha=0.15, lw=0)
+        ax.axvline(L, color="k", ls="--", lw=0.8)
+        ax.set(title=f"{title}: windows of {length}", xlabel="position (tokens)", ylabel="loss (nats/byte)")
+        ax.legend(fontsize=6, ncol=2)
+    return _save(fig, directory, name)
+
+
+def plot_length_sweep(data: dict, directory: str | Path,
+                      name: str = "extrapolation_length_sweep.png") -> Optional[Path]:
+    """Mean LM loss (top) and passkey exact match averaged over depths (bottom) against the evaluation length.
+
+    Error bars are the range over seeds; the x axis is in multiples of ``L`` (log scale).
+
+    Returns:
+        The PNG's path, or ``None`` if the data has no evaluations.
+    """
+    rows = [("lm", "loss", False, "loss (nats/byte)"),
+            ("passkey", "exact_match", True, "passkey exact match (mean over depths)")]
+    rows = [(*_summary(data, task, metric, over_depths), ylabel) for task, metric, over_depths, ylabel in rows]
+    rows = [row for row in rows if row[0]]
+    if not rows:
+        return None
+    panels = _panels(list(dict.fromkeys(label for summary, *_ in rows for label in summary)))
+    fig, axes = _figure(len(rows), len(panels))
+    for (summary, L, ylabel), ax_row in zip(rows, axes):
+        for ax, (title, labels) in zip(ax_row, panels):
+            for label in (x for x in labels if x in summary):
+                points = sorted(summary[label].items())
+                n = np.array([length for (length, _), _ in points]) / L
+                mean, lo, hi = (np.array([float(s[k]) for _, s in points]) for k in ("mean", "min", "max"))
+                ax.errorbar(n, mean, yerr=[mean - lo, hi - mean], marker="o", ms=3, lw=1, capsize=2, label=label)
+            ax.set_xscale("log", base=2)
+            ax.set(title=title, xlabel="evaluation length (multiples of L)", ylabel=ylabel)
+            ax.legend(fontsize=6, ncol=2)
+    return _save(fig, directory, name)
+
+
+def plot_passkey_grid(data: dict, directory: str | Path,
+                      name: str = "extrapolation_passkey_grid.png") -> Optional[Path]:
+    """Passkey exact match (mean over seeds) at every (evaluation length, depth), one panel per model variant.
+
+    Returns:
+        The PNG's path, or ``None`` if the data has no passkey evaluations.
+    """
+    summary, _ = _summary(data, "passkey", "exact_match")
+    if not summary:
+        return None
+    labels = list(summary)
+    cols = min(6, len(labels))
+    rows = -(-len(labels) // cols)
+    fig, axes = _figure(rows, cols, width=2.6, height=2.4)
+    image = None
+    for ax, label in zip(axes.flat, labels):
+        lengths = sorted({n for n, _ in summary[label]})
+        depths = sorted({d for _, d in summary[label]})
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for (n, d), s in summary[label].items():
+            grid[depths.index(d), lengths.index(n)] = float(s["mean"])
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", origin="lower", aspect="auto")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=6)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=6)
+        ax.set_title(label, fontsize=7)
+        ax.set_xlabel("length (tokens)", fontsize=6)
+        ax.set_ylabel("depth (fraction of filler before the key)", fontsize=5)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="exact match")
+    return _save(fig, directory, name)
+
+
+def plot_all(data: dict, directory: str | Path) -> list[Path]:
+    """Write the three figures of a stored study to ``directory``; returns the paths written."""
+    paths = [plot_loss_vs_position(data, directory), plot_length_sweep(data, directory),
+             plot_passkey_grid(data, directory)]
+    return [p for p in paths if p is not None]

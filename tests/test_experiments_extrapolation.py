@@ -1,0 +1,264 @@
+"""posenc.experiments.extrapolation (the length-extrapolation study), with its helpers
+posenc.experiments.variants (RoPE scalings and log-n on a trained model), .options (the command line
+from the config dataclass), .records (stored JSON) and .extrapolation_plots (figures)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+
+import pytest
+import torch
+
+from posenc.experiments import extrapolation as ex
+from posenc.experiments.extrapolation import ExtrapolationStudy, build_model, cell_cost, run_cell, run_study
+from posenc.experiments.options import command_for
+from posenc.experiments.records import load_records
+from posenc.experiments.variants import SCALINGS, rope_variant, scaling_config, variant
+from posenc.method import METHODS
+from posenc.rope import rope_cos_sin, yarn_mscale
+
+
+def tiny(**kw) -> ExtrapolationStudy:
+    """A study that runs in about a second: 80-token training windows (the shortest a 2-digit passkey
+    with some filler fits in), evaluation at 80 and 160, a 16-wide one-layer model, 3 steps."""
+    base = dict(methods=("rope", "learned", "t5"), seeds=(0,), train_length=80, multiples=(1, 2), d_model=16,
+                n_layer=1, n_head=2, lm_steps=3, lm_batch=2, passkey_steps=3, passkey_batch=2, warmup_steps=1,
+                finetune_steps=2, eval_windows=2, eval_examples=2, eval_batch=2, depths=(0.0, 1.0))
+    return ExtrapolationStudy(**{**base, **kw})
+
+
+def by_key(records):
+    return {ex.record_key(r): r for r in records}
+
+
+# --- the grid and the models ---------------------------------------------------------------------
+
+
+def test_the_grid_is_every_method_seed_and_task_and_defaults_to_every_registered_method():
+    study = tiny(seeds=(0, 1))
+    assert study.cells() == [(m, s, t) for t in ("lm", "passkey") for s in (0, 1) for m in ("rope", "learned", "t5")]
+    assert ExtrapolationStudy().method_names == tuple(sorted(METHODS))
+    assert ExtrapolationStudy().eval_lengths == (128, 256, 512, 1024)
+    assert len(ExtrapolationStudy().cells()) == len(METHODS) * 3 * 2
+
+
+def test_every_registered_method_is_built_to_run_at_the_longest_length():
+    """Finite tables and caches cover 8 L; the other methods keep the hyper-parameters of length L."""
+    study = tiny(train_length=32, multiples=(1, 4), tasks=("lm",))
+    idx = torch.randint(0, 256, (1, 128))
+    for name in METHODS:
+        model = build_model(study, name, 0)
+        assert model.config.max_len == 128 and model(idx).shape == (1, 128, 256), name
+        covers = model.position.max_positions
+        assert covers is None or covers >= 128, name
+    assert build_model(study, "learned", 0).position.table().shape[0] == 128
+    assert build_model(study, "t5", 0).position.max_distance == 32       # T5's buckets are set by L, as pre-trained
+    assert build_model(study, "deberta", 0).position.max_position == 32
+    assert build_model(study, "rope", 0).position.max_positions == 128
+
+
+def test_a_cell_is_seeded_and_repeatable():
+    study = tiny(methods=("learned",), tasks=("lm",), logn=False)
+    a, b = run_cell(study, "learned", 0, "lm"), run_cell(study, "learned", 0, "lm")
+    torch.manual_seed(123)  # the global RNG plays no part
+    c = run_cell(study, "learned", 0, "lm")
+    strip = lambda rs: [{k: v for k, v in r.items() if "seconds" not in k} for r in rs]  # noqa: E731
+    assert strip(a) == strip(b) == strip(c)
+    assert run_cell(study, "learned", 1, "lm")[1]["loss"] != a[1]["loss"]
+
+
+def test_records_of_a_study_with_their_provenance(tmp_path):
+    study, out = tiny(), tmp_path / "x.json"
+    data = run_study(study, out, command="python -m posenc.experiments.extrapolation --x", progress=False)
+    records = data["records"]
+    assert len(by_key(records)) == len(records)                                   # one record per key
+    train = [r for r in records if r["kind"] == "train"]
+    assert sorted((r["method"], r["task"], r["finetune"] or "") for r in train) == sorted(
+        [(m, t, "") for m in ("rope", "learned", "t5") for t in ("lm", "passkey")]
+        + [("rope", t, f) for t in ("lm", "passkey") for f in ("linear", "yarn")])
+    for r in records:
+        assert {"commit", "dirty", "torch", "machine", "device", "threads", "finished"} <= r.keys()
+        assert r["command"] == "python -m posenc.experiments.extrapolation --x" and r["trained_length"] == 80
+    learned = next(r for r in train if r["method"] == "learned" and r["task"] == "lm")
+    assert learned["position_covers"] == 160 and learned["untrained_table_rows"] == 80  # rows past L never trained
+    assert next(r for r in train if r["method"] == "t5")["untrained_table_rows"] == 0
+    key = lambda m, task, n, logn=False, scaling="none", ft=None, depth=None: (  # noqa: E731
+        "eval", m, 0, task, logn, scaling, ft, n, depth)
+    found = by_key(records)
+    for m in ("rope", "learned", "t5"):
+        for n in (80, 160):
+            lm = found[key(m, "lm", n)]
+            assert len(lm["loss_per_position"]) == n and math.isclose(lm["loss"], sum(lm["loss_per_position"]) / n,
+                                                                      rel_tol=1e-3)
+            for depth in (0.0, 1.0):
+                pk = found[key(m, "passkey", n, depth=depth)]
+                assert 0 <= pk["exact_match"] <= pk["token_accuracy"] + 1e-9 <= 1 + 1e-9 and pk["num_examples"] == 2
+        assert key(m, "lm", 160, logn=True) in found and key(m, "lm", 80, logn=True) not in found  # log-n past L only
+    for s in SCALINGS:  # every zero-shot scaling of the RoPE model, past L, factor = length / L
+        assert found[key("rope", "lm", 160, scaling=s)]["factor"] == 2.0
+        assert key("rope", "lm", 80, scaling=s) not in found
+        assert key("learned", "lm", 160, scaling=s) not in found
+    for ft in ("linear", "yarn"):  # fine-tuned at the longest length (factor 2), evaluated at every length
+        assert all(found[key("rope", "lm", n, scaling=ft, ft=ft)]["factor"] == 2.0 for n in (80, 160))
+    assert data["meta"]["command"] == command_for(study, ex.COMMAND) and data["meta"]["cells"] == 6
+    assert data["meta"]["config"]["methods"] == ["rope", "learned", "t5"]
+
+
+def test_an_interrupted_study_resumes_without_recomputing_finished_cells(tmp_path):
+    study, out = tiny(methods=("learned", "t5"), tasks=("lm",)), tmp_path / "x.json"
+    logs = []
+    run_study(study, out, progress=False, log=logs.append)
+    assert len(logs) == 2
+    before = out.read_text()
+    run_study(study, out, progress=False, log=logs.append)                # nothing left to do
+    assert out.read_text() == before and len(logs) == 2
+    data = json.loads(before)  # the interruption: one cell's records lost
+    data["records"] = [r for r in data["records"] if r["cell"] != "t5|0|lm"]
+    out.write_text(json.dumps(data))
+    after = run_study(study, out, progress=False, log=logs.append)
+    assert len(logs) == 3 and logs[-1].startswith("t5|0|lm")
+    assert {r["cell"] for r in after["records"]} == {"learned|0|lm", "t5|0|lm"}
+    assert sorted(map(ex.record_key, after["records"]), key=str) == sorted(
+        map(ex.record_key, json.loads(before)["records"]), key=str)
+
+
+def test_logn_is_the_identity_at_L_so_its_evaluations_start_past_L():
+    model = build_model(tiny(), "alibi", 0)
+    logn = variant(model, logn_length=80)
+    assert logn.config.logn_length == 80 and model.config.logn_length is None
+    idx = torch.randint(0, 256, (2, 160))
+    a, b = model(idx), logn(idx)
+    assert torch.equal(a[:, :80], b[:, :80]) and not torch.equal(a[:, 80:], b[:, 80:])
+
+
+def test_cell_cost_orders_rope_above_the_others():
+    study = tiny()
+    assert cell_cost(study, "rope", "lm") > cell_cost(study, "learned", "lm") > 0
+    assert cell_cost(study, "learned", "passkey") != cell_cost(study, "learned", "lm")
+
+
+def test_the_gpu_preset_is_larger_and_one_flag_away():
+    cpu, gpu = ex.PRESETS["cpu"], ex.PRESETS["gpu"]
+    assert cpu == ExtrapolationStudy()
+    assert gpu.train_length >= 1024 and gpu.d_model > cpu.d_model and gpu.n_layer > cpu.n_layer
+    assert gpu.lm_steps > cpu.lm_steps and gpu.passkey_steps > cpu.passkey_steps
+    args = ex.parser().parse_args(["--preset", "gpu", "--seeds", "4"])
+    assert ex.from_args(ex.PRESETS[args.preset], args) == dataclasses.replace(gpu, seeds=(4,))
+
+
+# --- RoPE scalings on a trained model --------------------------------------------------------------
+
+
+def test_scaling_configs_are_those_of_posenc_rope():
+    assert scaling_config("default", 4.0, 128) is None
+    assert scaling_config("linear", 4, 128) == {"rope_type": "linear", "factor": 4.0}
+    assert scaling_config("yarn", 2.0, 128) == {"rope_type": "yarn", "factor": 2.0,
+                                                "original_max_position_embeddings": 128}
+    assert scaling_config("llama3", 8.0, 64)["high_freq_factor"] == 4.0
+    with pytest.raises(ValueError, match=r"scaling must be 'default' or one of .*got 'longrope'"):
+        scaling_config("longrope", 2.0, 128)
+
+
+def test_a_rope_variant_applies_the_attention_scale_to_cos_and_sin_as_hugging_face_does():
+    study = tiny()
+    model = build_model(study, "rope", 0)
+    yarn = rope_variant(model, scaling_config("yarn", 4.0, 80), 320)
+    assert yarn.position.attention_scale == pytest.approx(yarn_mscale(4.0)) and yarn_mscale(4.0) > 1
+    cos, sin = rope_cos_sin(torch.arange(320), yarn.position.inv_freq)
+    torch.testing.assert_close(yarn.position.cos_cached, cos * yarn_mscale(4.0))
+    torch.testing.assert_close(yarn.position.sin_cached, sin * yarn_mscale(4.0))
+    linear = rope_variant(model, scaling_config("linear", 2.0, 80), 160)  # PI: position m rotates as m / 2
+    torch.testing.assert_close(linear.position.cos_cached[2::2][:10], model.position.cos_cached[1:11])
+    for name, p in model.state_dict().items():  # the trained weights are carried over, the model untouched
+        assert torch.equal(p, yarn.state_dict()[name])
+    assert model.position.scaling is None and model.position.max_positions == 160
+    with pytest.raises(TypeError, match="rope_variant needs a model whose position is a RotaryEmbedding, got Learned"):
+        rope_variant(build_model(study, "learned", 0), None, 160)
+
+
+# --- bad inputs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("train_length", 0, "a positive int"), ("lm_steps", 2.5, "a positive int"), ("finetune_length", 0, "or None"),
+    ("finetune_steps", -1, "an int >= 0"), ("lr", 0, "a number > 0"), ("logn", 1, "a bool"),
+    ("tasks", ("lm", "copy"), "names from"), ("tasks", (), "non-empty"), ("scalings", ("longrope",), "names from"),
+    ("finetune_scalings", ("linear", "linear"), "distinct"), ("seeds", (), "non-empty tuple of distinct ints"),
+    ("multiples", (2, 1), "increasing"), ("depths", (0.5, 2.0), r"in \[0, 1\]"), ("methods", ["rope"], "tuple"),
+    ("n_head", 3, "divide d_model=16"), ("train_length", 60, ">= 74 for the passkey task"),
+    ("warmup_steps", 5, "<= lm_steps and passkey_steps"),
+])
+def test_bad_study_fields_are_named(field, value, allowed):
+    with pytest.raises(ValueError, match=rf"ExtrapolationStudy\.{field} must .*{allowed}.*got {re_repr(value)}"):
+        tiny(**{field: value})
+
+
+def re_repr(value) -> str:
+    import re
+
+    return re.escape(repr(value))
+
+
+def test_other_bad_inputs_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"methods has 'xpos', which is not registered; registered methods: \["):
+        tiny(methods=("xpos",)).method_names
+    with pytest.raises(ValueError, match=r"task must be one of the study's tasks \('lm',\), got 'passkey'"):
+        run_cell(tiny(tasks=("lm",)), "rope", 0, "passkey")
+    with pytest.raises(ValueError, match=r"method must be one of the study's methods \('rope', 'learned', 't5'\), got 'al"):
+        run_cell(tiny(), "alibi", 0, "lm")
+    with pytest.raises(SystemExit):
+        ex.main(["--methods", "xpos", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):
+        ex.main(["--train-length", "0", "--out", str(tmp_path / "x.json")])
+
+
+# --- the command line and the figures ------------------------------------------------------------
+
+
+def test_the_command_line_writes_the_study_and_its_figures(tmp_path):
+    out, plots = tmp_path / "x.json", tmp_path / "plots"
+    argv = ["--methods", "rope", "alibi", "--seeds", "0", "--train-length", "80", "--multiples", "1", "2",
+            "--d-model", "16", "--n-layer", "1", "--n-head", "2", "--lm-steps", "3", "--lm-batch", "2",
+            "--passkey-steps", "3", "--passkey-batch", "2", "--warmup-steps", "1", "--finetune-steps", "1",
+            "--finetune-scalings", "yarn", "--scalings", "--depths", "0.5", "--eval-windows", "2",
+            "--eval-examples", "2", "--eval-batch", "2", "--no-logn", "--quiet",
+            "--out", str(out), "--plots", str(plots)]
+    threads = torch.get_num_threads()
+    try:
+        ex.main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    data = load_records(out)
+    study = ex.from_args(ExtrapolationStudy(), ex.parser().parse_args(argv))
+    assert study.scalings == () and study.finetune_scalings == ("yarn",) and study.logn is False
+    assert data["meta"]["command"] == command_for(study, ex.COMMAND)
+    assert ex.from_args(ExtrapolationStudy(), ex.parser().parse_args(shlex.split(data["meta"]["command"])[3:])) == study
+    assert {r["command"] for r in data["records"]} == {shlex.join([*ex.COMMAND, *argv])}
+    assert not any(r.get("logn") for r in data["records"])
+    assert sorted(p.name for p in plots.iterdir()) == ["extrapolation_length_sweep.png",
+                                                       "extrapolation_loss_vs_position.png",
+                                                       "extrapolation_passkey_grid.png"]
+
+
+def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_at_L():
+    from posenc.experiments.extrapolation_plots import identity_at_training_length, summarize, variant_label
+
+    def rec(seed, loss, n=8, logn=False):
+        return {"kind": "eval", "task": "lm", "method": "rope", "seed": seed, "logn": logn, "scaling": "none",
+                "finetune": None, "eval_length": n, "depth": None, "loss": loss}
+
+    records = [rec(0, 1.0), rec(1, 3.0), rec(0, 5.0, 16, True), {"kind": "train", "task": "lm"}]
+    s = summarize(records, "lm", "loss")
+    assert list(s) == ["rope", "rope + log-n"] and s["rope"][(8, None)]["mean"] == 2.0
+    assert (s["rope"][(8, None)]["min"], s["rope"][(8, None)]["max"], s["rope"][(8, None)]["n"]) == (1.0, 3.0, 2)
+    filled = identity_at_training_length(s, 8)
+    assert list(filled["rope + log-n"]) == [(8, None), (16, None)] and filled["rope + log-n"][(8, None)]["mean"] == 2.0
+    depths = [dict(rec(seed, 0.0), task="passkey", depth=d, exact_match=x) for seed, d, x in
+              [(0, 0.0, 1.0), (0, 1.0, 0.5), (1, 0.0, 0.0), (1, 1.0, 0.5)]]
+    pooled = summarize(depths, "passkey", "exact_match", over_depths=True)["rope"][(8, None)]
+    assert (pooled["mean"], pooled["min"], pooled["max"], pooled["n"]) == (0.5, 0.25, 0.75, 2)  # seed means, then seeds
+    assert variant_label({"method": "rope", "finetune": "yarn", "scaling": "yarn"}) == "rope, yarn fine-tuned"
+    assert variant_label({"method": "rope", "finetune": None, "scaling": "linear"}) == "rope, linear zero-shot"
