@@ -262,3 +262,34 @@ def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_
     assert (pooled["mean"], pooled["min"], pooled["max"], pooled["n"]) == (0.5, 0.25, 0.75, 2)  # seed means, then seeds
     assert variant_label({"method": "rope", "finetune": "yarn", "scaling": "yarn"}) == "rope, yarn fine-tuned"
     assert variant_label({"method": "rope", "finetune": None, "scaling": "linear"}) == "rope, linear zero-shot"
+
+
+# --- the stored study ----------------------------------------------------------------------------
+
+
+def test_the_stored_study_is_complete_and_says_where_it_came_from():
+    """book/results/extrapolation.json holds every cell of the default study, each with every
+    evaluation its model gets, once, with the provenance of its run."""
+    from collections import Counter
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "book" / "results" / "extrapolation.json"
+    data = load_records(path)
+    study = ExtrapolationStudy()
+    assert data["meta"]["command"] == "python -m posenc.experiments.extrapolation"
+    resolved = dataclasses.replace(study, methods=study.method_names)   # the default () means every method
+    assert json.loads(json.dumps(data["meta"]["config"])) == json.loads(json.dumps(dataclasses.asdict(resolved)))
+    records = data["records"]
+    keys = [ex.record_key(r) for r in records]
+    assert len(keys) == len(set(keys))                                   # once each
+    trained = {(r["method"], r["seed"], r["task"]) for r in records if r["kind"] == "train"}
+    assert trained == set(study.cells())
+    evals = Counter((r["method"], r["task"], r["seed"]) for r in records if r["kind"] == "eval")
+    for method, seed, task in study.cells():                             # every seed got the same evaluations
+        assert evals[method, task, seed] == evals[method, task, study.seeds[0]] > 0
+    for method, seed, task in study.cells():
+        lengths = {r["eval_length"] for r in records if r["kind"] == "eval" and r["scaling"] == "none"
+                   and not r["logn"] and r["finetune"] is None and (r["method"], r["seed"], r["task"]) == (method, seed, task)}
+        assert lengths == set(study.eval_lengths), (method, seed, task)
+    for r in records:
+        assert r["commit"] and r["torch"] and r["machine"] and r["command"] and r["dirty"] is False
