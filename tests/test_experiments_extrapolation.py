@@ -17,6 +17,7 @@ from posenc.experiments.extrapolation import ExtrapolationStudy, build_model, ce
 from posenc.experiments.options import command_for
 from posenc.experiments.records import load_records
 from posenc.experiments.variants import SCALINGS, rope_variant, scaling_config, variant
+from posenc.lm import TinyLM
 from posenc.method import METHODS
 from posenc.rope import rope_cos_sin, yarn_mscale
 
@@ -68,6 +69,12 @@ def test_a_cell_is_seeded_and_repeatable():
     strip = lambda rs: [{k: v for k, v in r.items() if "seconds" not in k} for r in rs]  # noqa: E731
     assert strip(a) == strip(b) == strip(c)
     assert run_cell(study, "learned", 1, "lm")[1]["loss"] != a[1]["loss"]
+    records, model = run_cell(study, "learned", 0, "lm", return_model=True)  # the trained model, for inspection
+    assert strip(records) == strip(a) and isinstance(model, TinyLM) and not model.training
+    from posenc.train import evaluate
+    from posenc.data import load_stdlib_corpus
+    again = evaluate(model, load_stdlib_corpus().val, 80, num_windows=2, batch_size=2).loss
+    assert abs(again - a[1]["loss"]) < 1e-6
 
 
 def test_records_of_a_study_with_their_provenance(tmp_path):

@@ -222,7 +222,7 @@ def _run_plan(study, model, task, plan, base: dict, ddp: Optional[DistContext]) 
 
 
 def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, device: str | torch.device = "cpu",
-             ddp: Optional[DistContext] = None, progress: bool = False) -> list[dict]:
+             ddp: Optional[DistContext] = None, progress: bool = False, return_model: bool = False):
     """Train one model and evaluate it (and, for RoPE, fine-tune and evaluate each fine-tune scaling).
 
     Args:
@@ -234,10 +234,11 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
         ddp: train data-parallel over this context's ranks (``None``: this process alone); the
             evaluations are dealt to the ranks too, and only rank 0 gets the records.
         progress: show tqdm bars for the training loops.
+        return_model: also return the trained model (before any fine-tune), e.g. to inspect its attention.
 
     Returns:
         The cell's records (unstamped): training records first, then evaluation records. Empty on
-        ranks other than 0 under ``ddp``.
+        ranks other than 0 under ``ddp``. With ``return_model``, ``(records, model)``.
 
     Raises:
         ValueError: for an unknown ``task`` or ``method``.
@@ -271,7 +272,8 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
             plan = [{"logn": False, "scaling": name, "factor": n / L, "eval_length": m} for m in study.eval_lengths]
             records += _run_plan(study, tuned, task, plan, {**base, "finetune": name}, ddp)
     records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
-    return records if ddp is None or ddp.is_main else []
+    records = records if ddp is None or ddp.is_main else []
+    return (records, model) if return_model else records
 
 
 def cell_id(method: str, seed: int, task: str) -> str:

@@ -1,0 +1,86 @@
+"""Diagnosing length extrapolation from attention weights: entropy and attention by distance.
+
+A model trained on windows of ``L`` tokens and run on ``n > L`` meets two new things: distances
+(and, for absolute codes, positions) it never saw, and more keys per query. The loss at every
+position (:func:`posenc.train.evaluate`) shows *where* a model fails; the two functions here show
+*how* its attention changes:
+
+- :func:`attention_entropy`: the entropy of each query's attention distribution. A query that
+  spreads its weight evenly over ``m`` keys has entropy ``log m``; if the entropy keeps growing
+  with the length, attention is diluting over keys the model never had to ignore in training
+  (what log-n scaling, :func:`posenc.attention.logn_query_scale`, counteracts);
+- :func:`attention_by_distance`: each query's weights re-indexed by distance ``i - j`` from the
+  query (the negative of the relative position ``j - i``, key minus query, of the package's
+  convention), so attention beyond the training distance can be read off directly.
+
+Both take the ``(B, H, T, S)`` weights that :class:`posenc.lm.TinyLM` returns with
+``return_weights=True`` (rows sum to 1; causal, with query ``t`` at position ``S - T + t``), compute
+in float64 and return float64 tensors on the weights' device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _check_weights(weights: Tensor) -> None:
+    if not isinstance(weights, Tensor) or not weights.dtype.is_floating_point:
+        got = weights.dtype if isinstance(weights, Tensor) else type(weights).__name__
+        raise TypeError(f"weights must be a floating-point tensor of attention weights, got {got}")
+    if weights.dim() < 2 or weights.shape[-1] < weights.shape[-2] or weights.shape[-1] == 0:
+        raise ValueError(f"weights must have shape (..., T, S) with 1 <= T <= S, got {tuple(weights.shape)}")
+
+
+def attention_entropy(weights: Tensor) -> Tensor:
+    """Entropy (nats) of every query's attention distribution, ``-sum_j w_ij log w_ij``.
+
+    Zero weights (masked keys) contribute 0. A uniform distribution over ``m`` keys has entropy
+    ``log m``; one key, 0.
+
+    Args:
+        weights: ``(..., T, S)`` attention weights, each row a distribution over the ``S`` keys.
+
+    Returns:
+        ``(..., T)`` float64 entropies.
+
+    Raises:
+        TypeError: if ``weights`` is not a floating-point tensor.
+        ValueError: if it is not ``(..., T, S)`` with ``1 <= T <= S``.
+    """
+    _check_weights(weights)
+    w = weights.double()
+    return -torch.special.xlogy(w, w).sum(-1)  # (..., T)
+
+
+def attention_by_distance(weights: Tensor) -> Tensor:
+    """Causal attention weights re-indexed by the distance ``d = i - j`` from query ``i`` to key ``j``.
+
+    Query ``t`` of ``T`` is taken to sit at position ``i = S - T + t`` (the last ``T`` of ``S``
+    keys, as with a KV cache or ``T == S``). ``out[..., t, d]`` is the weight query ``t`` puts on
+    the key ``d`` positions back (relative position ``-d``), and 0 where ``d > i``.
+
+    Args:
+        weights: ``(..., T, S)`` causal attention weights (weights on keys after the query must be 0).
+
+    Returns:
+        ``(..., T, S)`` float64; column ``d`` is distance ``d``, so each row still sums to the row
+        of ``weights``.
+
+    Raises:
+        TypeError: if ``weights`` is not a floating-point tensor.
+        ValueError: if it is not ``(..., T, S)`` with ``1 <= T <= S``, or puts weight on a key after
+            its query (not causal).
+    """
+    _check_weights(weights)
+    T, S = weights.shape[-2:]
+    i = torch.arange(S - T, S, device=weights.device)[:, None]  # (T, 1) query positions
+    d = torch.arange(S, device=weights.device)[None, :]  # (1, S) distances
+    j = i - d  # (T, S) the key at distance d
+    future = torch.arange(S, device=weights.device)[None, :] > i  # (T, S) keys after the query
+    if bool((weights[..., future] != 0).any()):
+        raise ValueError("weights must be causal (zero on keys after the query); attention_by_distance "
+                         "reads causal weights, got weight on a later key")
+    index = j.clamp(min=0).expand(*weights.shape[:-2], T, S)  # (..., T, S)
+    out = torch.gather(weights.double(), -1, index)  # (..., T, S)
+    return out.masked_fill(j < 0, 0.0)
