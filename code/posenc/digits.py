@@ -77,7 +77,7 @@ def to_digits(x: Tensor, base: int, places: int) -> Tensor:
     return torch.remainder(whole, base)  # (..., places)
 
 
-def converted_base(base: int, used_places: int, factor: Real) -> int:
+def converted_base(base: int, used_places: int, factor: float) -> int:
     """The smallest integer base ``beta'`` whose ``used_places`` digits cover ``factor`` times as many numbers.
 
     ``beta'^used_places >= factor * base^used_places``, so numbers below ``factor * base^used_places``
@@ -95,7 +95,7 @@ def converted_base(base: int, used_places: int, factor: Real) -> int:
     return new
 
 
-def represent(n: Tensor, strategy: str, factor: Real, *, base: int = 10, places: int = 4,
+def represent(n: Tensor, strategy: str, factor: float, *, base: int = 10, places: int = 4,
               used_places: int = 3) -> Tensor:
     """The learner's input for numbers ``n``: their digits under ``strategy``, divided by ``base``.
 
@@ -227,7 +227,7 @@ def train_digit_learner(task: str, seed: int, *, numbers: int = 1000, base: int 
 
 
 @torch.no_grad()
-def digit_accuracy(net: DigitPairNet, task: str, strategy: str, factor: Real, *, low: int, high: int,
+def digit_accuracy(net: DigitPairNet, task: str, strategy: str, factor: float, *, low: int, high: int,
                    count: int = 20000, seed: int = 1234, window: int = 3) -> float:
     """Fraction of ``count`` pairs in ``[low, high)`` that ``net`` labels right, numbers represented by ``strategy``.
 
