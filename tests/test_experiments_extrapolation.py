@@ -251,7 +251,7 @@ def test_the_command_line_writes_the_study_and_its_figures(tmp_path):
 
 
 def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_at_L():
-    from posenc.experiments.extrapolation_plots import identity_at_training_length, summarize, variant_label
+    from posenc.experiments.extrapolation_plots import identity_at_training_length, per_seed, summarize, variant_label
 
     def rec(seed, loss, n=8, logn=False):
         return {"kind": "eval", "task": "lm", "method": "rope", "seed": seed, "logn": logn, "scaling": "none",
@@ -267,6 +267,8 @@ def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_
               [(0, 0.0, 1.0), (0, 1.0, 0.5), (1, 0.0, 0.0), (1, 1.0, 0.5)]]
     pooled = summarize(depths, "passkey", "exact_match", over_depths=True)["rope"][(8, None)]
     assert (pooled["mean"], pooled["min"], pooled["max"], pooled["n"]) == (0.5, 0.25, 0.75, 2)  # seed means, then seeds
+    assert per_seed(depths, "passkey", "exact_match", over_depths=True) == {"rope": {(8, None): {0: 0.75, 1: 0.25}}}
+    assert per_seed(records, "lm", "loss")["rope"] == {(8, None): {0: 1.0, 1: 3.0}}   # seed by seed, for pairing
     assert variant_label({"method": "rope", "finetune": "yarn", "scaling": "yarn"}) == "rope, yarn fine-tuned"
     assert variant_label({"method": "rope", "finetune": None, "scaling": "linear"}) == "rope, linear zero-shot"
 

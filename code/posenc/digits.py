@@ -135,11 +135,13 @@ class DigitPairNet(nn.Module):
     Args:
         places: digit inputs per number.
         width: hidden width of the two hidden layers.
+        base: the base of the numbers it is trained on.
+        used_places: digits those numbers use (``places`` minus the unused ones).
     """
 
-    def __init__(self, places: int = 4, width: int = 64):
+    def __init__(self, places: int = 4, width: int = 64, base: int = 10, used_places: int = 3):
         super().__init__()
-        self.places = places
+        self.places, self.base, self.used_places = places, base, used_places
         self.net = nn.Sequential(nn.Linear(2 * places, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                                  nn.Linear(width, 1))
 
@@ -211,7 +213,7 @@ def train_digit_learner(task: str, seed: int, *, numbers: int = 1000, base: int 
         raise ValueError(f"numbers must be base**k with 1 <= k < places={places}, got {numbers!r} (base {base})")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        net = DigitPairNet(places)
+        net = DigitPairNet(places, base=base, used_places=used)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(net.parameters(), lr)
     for _ in range(steps):
@@ -222,7 +224,6 @@ def train_digit_learner(task: str, seed: int, *, numbers: int = 1000, base: int 
         opt.zero_grad()
         loss.backward()
         opt.step()
-    net.used_places, net.base = used, base
     return net.eval()
 
 

@@ -1,6 +1,6 @@
 """Figures of the length-extrapolation study (:mod:`posenc.experiments.extrapolation`), from its stored JSON.
 
-:func:`summarize` reduces the evaluation records over seeds (mean, min, max); the three figures are
+:func:`per_seed` collects the evaluation records seed by seed and :func:`summarize` reduces them (mean, min, max); the three figures are
 the loss at every position at the longest length (:func:`plot_loss_vs_position`), the loss and the
 passkey accuracy against the evaluation length (:func:`plot_length_sweep`) and the passkey accuracy
 at every (length, depth) (:func:`plot_passkey_grid`). Every curve is a mean over seeds with the
@@ -28,6 +28,24 @@ def variant_label(record: dict) -> str:
     return label
 
 
+def per_seed(records: Sequence[dict], task: str, metric: str, *, over_depths: bool = False) -> dict[str, dict]:
+    """``metric`` of every model variant and evaluation point, seed by seed (for paired comparisons).
+
+    Args: as :func:`summarize`.
+
+    Returns:
+        ``{label: {(eval_length, depth): {seed: value}}}``; ``value`` is a float or, for
+        ``"loss_per_position"``, a ``(T,)`` array; with ``over_depths`` the mean over the depths.
+    """
+    values: dict[str, dict[tuple, dict[int, list]]] = {}
+    for r in records:
+        if r.get("kind") == "eval" and r["task"] == task and metric in r:
+            point = (r["eval_length"], None if over_depths else r["depth"])
+            values.setdefault(variant_label(r), {}).setdefault(point, {}).setdefault(r["seed"], []).append(r[metric])
+    return {label: {point: {seed: np.mean(np.asarray(x, dtype=float), axis=0) for seed, x in seeds.items()}
+                    for point, seeds in points.items()} for label, points in values.items()}
+
+
 def summarize(records: Sequence[dict], task: str, metric: str, *, over_depths: bool = False) -> dict[str, dict]:
     """Mean, min, max and count over seeds of ``metric`` for every model variant and evaluation point.
 
@@ -43,16 +61,11 @@ def summarize(records: Sequence[dict], task: str, metric: str, *, over_depths: b
         ``{label: {(eval_length, depth): {"mean", "min", "max", "n"}}}`` (``depth`` is ``None`` for
         the LM), labels in the order they first appear (:func:`variant_label`); ``n`` counts seeds.
     """
-    per_seed: dict[str, dict[tuple, dict[int, list]]] = {}
-    for r in records:
-        if r.get("kind") == "eval" and r["task"] == task and metric in r:
-            point = (r["eval_length"], None if over_depths else r["depth"])
-            per_seed.setdefault(variant_label(r), {}).setdefault(point, {}).setdefault(r["seed"], []).append(r[metric])
     out: dict[str, dict] = {}
-    for label, points in per_seed.items():
+    for label, points in per_seed(records, task, metric, over_depths=over_depths).items():
         out[label] = {}
         for point, seeds in points.items():
-            v = np.asarray([np.mean(np.asarray(x, dtype=float), axis=0) for x in seeds.values()])  # (seeds, ...)
+            v = np.asarray(list(seeds.values()))  # (seeds, ...)
             out[label][point] = {"mean": v.mean(0), "min": v.min(0), "max": v.max(0), "n": len(v)}
     return out
 
