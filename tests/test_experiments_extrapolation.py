@@ -85,7 +85,7 @@ def test_records_of_a_study_with_their_provenance(tmp_path):
     train = [r for r in records if r["kind"] == "train"]
     assert sorted((r["method"], r["task"], r["finetune"] or "") for r in train) == sorted(
         [(m, t, "") for m in ("rope", "learned", "t5") for t in ("lm", "passkey")]
-        + [("rope", t, f) for t in ("lm", "passkey") for f in ("linear", "yarn")])
+        + [("rope", t, f) for t in ("lm", "passkey") for f in ("default", "linear", "yarn")])
     for r in records:
         assert {"commit", "dirty", "torch", "machine", "device", "threads", "finished"} <= r.keys()
         assert r["command"] == "python -m posenc.experiments.extrapolation --x" and r["trained_length"] == 80
@@ -110,6 +110,8 @@ def test_records_of_a_study_with_their_provenance(tmp_path):
         assert key("learned", "lm", 160, scaling=s) not in found
     for ft in ("linear", "yarn"):  # fine-tuned at the longest length (factor 2), evaluated at every length
         assert all(found[key("rope", "lm", n, scaling=ft, ft=ft)]["factor"] == 2.0 for n in (80, 160))
+    # the control: fine-tuned the same way with RoPE's own frequencies (factor 1)
+    assert all(found[key("rope", "lm", n, scaling="default", ft="default")]["factor"] == 1.0 for n in (80, 160))
     assert data["meta"]["command"] == command_for(study, ex.COMMAND) and data["meta"]["cells"] == 6
     assert data["meta"]["config"]["methods"] == ["rope", "learned", "t5"]
 
@@ -270,6 +272,7 @@ def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_
     assert per_seed(depths, "passkey", "exact_match", over_depths=True) == {"rope": {(8, None): {0: 0.75, 1: 0.25}}}
     assert per_seed(records, "lm", "loss")["rope"] == {(8, None): {0: 1.0, 1: 3.0}}   # seed by seed, for pairing
     assert variant_label({"method": "rope", "finetune": "yarn", "scaling": "yarn"}) == "rope, yarn fine-tuned"
+    assert variant_label({"method": "rope", "finetune": "default", "scaling": "default"}) == "rope, unscaled fine-tuned"
     assert variant_label({"method": "rope", "finetune": None, "scaling": "linear"}) == "rope, linear zero-shot"
 
 

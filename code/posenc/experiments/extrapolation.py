@@ -24,9 +24,10 @@ Variants evaluated on the same trained weights (no training, so they cost only e
   (at ``L`` each is the identity). The attention scale of the scaling multiplies cos and sin, as in
   Hugging Face (:class:`~posenc.rope.RotaryEmbedding`).
 
-For a RoPE model, each scaling of ``finetune_scalings`` (PI and YaRN by default) is also fine-tuned
-for ``finetune_steps`` at ``finetune_length`` (default: the longest evaluation length, factor
-``finetune_length / L``) and evaluated at every length with that factor.
+For a RoPE model, each scaling of ``finetune_scalings`` (PI and YaRN by default, and ``"default"``,
+RoPE unscaled, as their control: the same extra training with no change of position) is also
+fine-tuned for ``finetune_steps`` at ``finetune_length`` (default: the longest evaluation length,
+factor ``finetune_length / L``; 1 for the control) and evaluated at every length with that factor.
 
 Positions: a method whose coverage is finite (a learned table, RoPE's cos/sin cache) is built for
 the longest evaluation length, so it can be evaluated there: rows of a table past ``L`` are never
@@ -265,11 +266,12 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
                              seq_len=n, lr=study.finetune_lr, warmup_steps=study.finetune_steps // 10, seed=seed,
                              progress=progress)
         for name in study.finetune_scalings:
-            tuned = rope_variant(model, scaling_config(name, n / L, L), study.longest)
+            factor = 1.0 if name == "default" else n / L  # "default": the control, RoPE unscaled
+            tuned = rope_variant(model, scaling_config(name, factor, L), study.longest)
             ft_history = _fit(study, tuned, task, ft_cfg, ddp)
-            ft = {**base, "finetune": name, "scaling": name, "factor": n / L}
+            ft = {**base, "finetune": name, "scaling": name, "factor": factor}
             records.append(_train_record(study, tuned, ft_history, ft_cfg, **ft))
-            plan = [{"logn": False, "scaling": name, "factor": n / L, "eval_length": m} for m in study.eval_lengths]
+            plan = [{"logn": False, "scaling": name, "factor": factor, "eval_length": m} for m in study.eval_lengths]
             records += _run_plan(study, tuned, task, plan, {**base, "finetune": name}, ddp)
     records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
     records = records if ddp is None or ddp.is_main else []

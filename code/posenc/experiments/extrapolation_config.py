@@ -11,7 +11,7 @@ The CPU configuration: ``L = 128`` evaluated at 128, 256, 512 and 1024; width 64
 heads; 250 LM steps of 16 windows and 500 passkey steps of 32 rows (2-digit keys: in a seed-0 trial
 ten of the sixteen methods retrieved them at ``L`` 95-100% of the time, Transformer-XL 78%, T5 50%,
 ALiBi 32%, the raw integer, normalised and binary codes not at all), 5 depths, 32 passkey examples
-per (length, depth), 32 validation windows per length; RoPE's fine-tunes 50 steps at 1024. On the book's 2-core CPU
+per (length, depth), 32 validation windows per length; RoPE's fine-tunes (PI, YaRN and, as their control, no scaling) 50 steps at 1024. On the book's 2-core CPU
 (one thread per process) a cell takes from 8 s (a learned table, LM) to 2 min (DeBERTa, passkey,
 its relative terms at 1024 tokens): every registered method, 3 seeds and both tasks is about
 55 CPU-minutes, half an hour in two processes under ``torchrun``. The ``"gpu"`` preset (``L = 1024``,
@@ -55,7 +55,7 @@ class ExtrapolationStudy:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  #: passkey depths, as the fraction of the filler before the key
     logn: bool = True  #: also evaluate every model with log-n attention scaling, past L
     scalings: tuple[str, ...] = SCALINGS  #: RoPE scalings evaluated zero-shot, factor = eval length / L
-    finetune_scalings: tuple[str, ...] = ("linear", "yarn")  #: RoPE scalings fine-tuned at finetune_length
+    finetune_scalings: tuple[str, ...] = ("default", "linear", "yarn")  #: RoPE scalings fine-tuned at finetune_length ("default": none, the control)
     finetune_steps: int = 50  #: optimiser steps of each fine-tune
     finetune_length: Optional[int] = None  #: fine-tuning window (None means the longest evaluation length)
     finetune_batch: Optional[int] = None  #: rows per fine-tune step (None keeps the tokens per step of training)

@@ -17,10 +17,11 @@ import numpy as np
 
 def variant_label(record: dict) -> str:
     """How a record's model is named in the figures: ``"rope"``, ``"alibi + log-n"``,
-    ``"rope, yarn zero-shot"``, ``"rope, linear fine-tuned"``."""
+    ``"rope, yarn zero-shot"``, ``"rope, linear fine-tuned"``, ``"rope, unscaled fine-tuned"`` (the
+    control: fine-tuned with RoPE's own frequencies, ``finetune = "default"``)."""
     label = record["method"]
     if record.get("finetune"):
-        label += f", {record['finetune']} fine-tuned"
+        label += f", {'unscaled' if record['finetune'] == 'default' else record['finetune']} fine-tuned"
     elif record.get("scaling", "none") != "none":
         label += f", {record['scaling']} zero-shot"
     if record.get("logn"):
