@@ -123,7 +123,7 @@ def test_ddp_under_torchrun_trains_one_model_to_the_loss_of_one_process(tmp_path
     a, b = records(one), records(two)
     assert set(a) == set(b)
     trained = [k for k in a if a[k]["kind"] == "train"]
-    assert len(trained) == 2 * 2 + 2 * 2  # rope and t5, both tasks, and RoPE's two fine-tunes per task
+    assert len(trained) == 2 * 2 + 3 * 2  # rope and t5, both tasks, and RoPE's three fine-tunes per task (PI, YaRN, control)
     for key in trained:
         assert b[key]["train_loss_last"] == pytest.approx(a[key]["train_loss_last"], rel=1e-5, abs=0), key
     for key in a:
