@@ -252,6 +252,45 @@ def test_the_command_line_writes_the_study_and_its_figures(tmp_path):
                                                        "extrapolation_passkey_grid.png"]
 
 
+def test_the_figures_draw_chosen_panels_and_a_live_overlay_and_refuse_unknown_labels():
+    """The figure functions the chapter draws with: chosen panels and labels, the live run's points
+    on top of the stored means, and a clear error for a label with no records."""
+    from posenc.experiments.extrapolation_plots import length_sweep_figure, loss_vs_position_figure, passkey_grid_figure
+
+    def rec(method, seed, n, task="lm", value=1.0, depth=None, scaling="none"):
+        score = {"loss": value, "loss_per_position": [value] * n} if task == "lm" else {"exact_match": value}
+        return {"kind": "eval", "task": task, "method": method, "seed": seed, "logn": False, "scaling": scaling,
+                "finetune": None, "eval_length": n, "depth": depth, "trained_length": 8, **score}
+
+    records = [rec(m, seed, n, value=1.0 + seed + n / 8) for m in ("rope", "alibi") for seed in (0, 1) for n in (8, 16)]
+    records += [rec("rope", seed, 16, scaling="yarn") for seed in (0, 1)]
+    records += [rec(m, 0, n, "passkey", 0.5, d) for m in ("rope", "alibi") for n in (8, 16) for d in (0.0, 1.0)]
+    live = [rec("rope", 0, n, value=9.0) for n in (8, 16)]
+    try:
+        fig = length_sweep_figure(records, panels={"a": ["alibi"], "b": ["rope", "rope, yarn zero-shot"]}, live=live)
+        assert fig.axes[0].get_title() == "a" and fig.axes[1].get_title() == "b"
+        lm_rope = fig.axes[1]
+        assert [t.get_text() for t in lm_rope.get_legend().get_texts()] == ["rope", "rope, yarn zero-shot"]
+        diamonds = [c for c in lm_rope.collections if c.get_offsets().shape == (2, 2)
+                    and list(c.get_offsets()[:, 1]) == [9.0, 9.0]]
+        assert len(diamonds) == 1 and list(diamonds[0].get_offsets()[:, 0]) == [1.0, 2.0]   # live, at 1 L and 2 L
+        assert not any(list(c.get_offsets()[:, 1]) == [9.0, 9.0] for c in fig.axes[0].collections)  # not on alibi's
+        grid = passkey_grid_figure(records, ["alibi"])
+        assert grid.axes[0].get_title() == "alibi" and grid.axes[0].texts[0].get_text() == ".50"
+        position = loss_vs_position_figure(records, 16, panels={"x": ["rope"]}, smooth=2, live=live)
+        assert len(position.axes[0].lines) == 3                                   # the curve, the live one, the L line
+        assert set(position.axes[0].lines[1].get_ydata()) == {9.0} and position.axes[0].lines[1].get_linestyle() == ":"
+        with pytest.raises(ValueError, match="'transformer_xl'"):
+            length_sweep_figure(records, panels={"a": ["transformer_xl"]})
+        with pytest.raises(ValueError, match="'rope, yarn zero-shot'.*available"):
+            passkey_grid_figure(records, ["rope, yarn zero-shot"])
+        assert passkey_grid_figure([r for r in records if r["task"] == "lm"]) is None   # nothing to draw
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
+
+
 def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_at_L():
     from posenc.experiments.extrapolation_plots import identity_at_training_length, per_seed, summarize, variant_label
 

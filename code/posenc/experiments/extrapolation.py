@@ -421,6 +421,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         data = run_study(study, out, device=args.device, ctx=ctx, ddp=args.ddp, command=command,
                          progress=not args.quiet, log=log)
         if args.plots and data is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")  # files only, no window
             from posenc.experiments.extrapolation_plots import plot_all
 
             for path in plot_all(data, args.plots):
