@@ -55,7 +55,8 @@ class ExtrapolationStudy:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  #: passkey depths, as the fraction of the filler before the key
     logn: bool = True  #: also evaluate every model with log-n attention scaling, past L
     scalings: tuple[str, ...] = SCALINGS  #: RoPE scalings evaluated zero-shot, factor = eval length / L
-    finetune_scalings: tuple[str, ...] = ("default", "linear", "yarn")  #: RoPE scalings fine-tuned at finetune_length ("default": none, the control)
+    #: RoPE scalings fine-tuned at finetune_length; "default" (no scaling) is their control
+    finetune_scalings: tuple[str, ...] = ("default", "linear", "yarn")
     finetune_steps: int = 50  #: optimiser steps of each fine-tune
     finetune_length: Optional[int] = None  #: fine-tuning window (None means the longest evaluation length)
     finetune_batch: Optional[int] = None  #: rows per fine-tune step (None keeps the tokens per step of training)
