@@ -114,8 +114,9 @@ def _figure(rows: int, cols: int, width: float = 5.0, height: float = 3.6, **kw)
 
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
                              layout="constrained", **kw)
-    for ax in axes.flat:
-        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 20 distinct colours: one per method
+    colours = plt.get_cmap("tab20").colors
+    for ax in axes.flat:  # 20 colours, one per method: the ten strong ones of tab20 first, then their light pairs
+        ax.set_prop_cycle(color=colours[0::2] + colours[1::2])
     return fig, axes
 
 
@@ -239,6 +240,8 @@ def length_sweep_figure(records: Sequence[dict], *, panels: Optional[dict[str, S
                     ax.scatter([length / L for (length, _), _ in extra], [float(s["mean"]) for _, s in extra],
                                marker="D", s=28, facecolors="none", edgecolors=bars[0].get_color(), zorder=3)
             ax.set_xscale("log", base=2)
+            multiples = sorted({length / L for label in labels if label in summary for length, _ in summary[label]})
+            ax.set_xticks(multiples, [f"{m:g}" for m in multiples])
             ax.set(title=title if i == 0 else None, ylabel=ylabel)
             ax.legend(fontsize=6, ncol=2)
         for ax in ax_row:
