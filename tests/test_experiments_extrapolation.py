@@ -344,3 +344,15 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from():
         assert lengths == set(study.eval_lengths), (method, seed, task)
     for r in records:
         assert r["commit"] and r["torch"] and r["machine"] and r["command"] and r["dirty"] is False
+
+
+def test_every_option_of_the_study_has_its_field_comment_as_help():
+    """The command line's help comes from each field's ``#:`` comment, at the end of its line or on the line above."""
+    from posenc.experiments.options import field_comments
+
+    comments = field_comments(ExtrapolationStudy)
+    assert set(comments) == {f.name for f in dataclasses.fields(ExtrapolationStudy)}
+    assert "control" in comments["finetune_scalings"]                       # the comment on the line above
+    assert comments["train_length"] == "L, the training window in tokens"  # the comment at the end of the line
+    helps = {a.dest: a.help for a in ex.parser()._actions}
+    assert all(helps[f.name] for f in dataclasses.fields(ExtrapolationStudy))

@@ -24,12 +24,16 @@ def _option(name: str) -> str:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The ``#:`` comment of each field of the dataclass ``cls`` (empty where the source is unavailable)."""
+    """The ``#:`` comment of each field of the dataclass ``cls`` (empty where the source is unavailable).
+
+    Either form Sphinx reads: at the end of the field's line, or on the line just above it.
+    """
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    return dict(re.findall(r"^    (\w+): .*?#: (.*)$", source, flags=re.M))
+    above = dict((name, text) for text, name in re.findall(r"^    #: (.*)\n    (\w+): ", source, flags=re.M))
+    return {**above, **dict(re.findall(r"^    (\w+): .*?#: (.*)$", source, flags=re.M))}
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
