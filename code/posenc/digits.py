@@ -46,6 +46,11 @@ def _check_base_places(base, places) -> None:
         raise ValueError(f"places must be a positive int, got {places!r}")
 
 
+def _check_factor(factor) -> None:
+    if not isinstance(factor, Real) or isinstance(factor, bool) or not factor >= 1:
+        raise ValueError(f"factor must be a number >= 1, got {factor!r}")
+
+
 def to_digits(x: Tensor, base: int, places: int) -> Tensor:
     """The ``places`` lowest base-``base`` digits of non-negative numbers, lowest first.
 
@@ -87,8 +92,7 @@ def converted_base(base: int, used_places: int, factor: float) -> int:
         ValueError: for a ``base`` below 2, ``used_places`` below 1 or a ``factor`` below 1.
     """
     _check_base_places(base, used_places)
-    if not isinstance(factor, Real) or isinstance(factor, bool) or not factor >= 1:
-        raise ValueError(f"factor must be a number >= 1, got {factor!r}")
+    _check_factor(factor)
     new = math.ceil(base * factor ** (1 / used_places) - 1e-9)
     while new ** used_places < factor * base ** used_places:
         new += 1
@@ -120,8 +124,7 @@ def represent(n: Tensor, strategy: str, factor: float, *, base: int = 10, places
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-    if not isinstance(factor, Real) or isinstance(factor, bool) or not factor >= 1:
-        raise ValueError(f"factor must be a number >= 1, got {factor!r}")
+    _check_factor(factor)
     if strategy == "interpolate":
         return to_digits(n.double() / factor, base, places) / base
     if strategy == "convert":
