@@ -74,8 +74,8 @@ def posenc_commit() -> str | None:
     try:
         dirty = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)code", ":(top)benchmarks/*.py")
         return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    except (OSError, subprocess.CalledProcessError):  # a copy of the tree without .git: the caller may say
+        return os.environ.get("POSENC_COMMIT")
 
 
 def rotate_half_hf(x: torch.Tensor) -> torch.Tensor:
@@ -131,13 +131,252 @@ def kernel_ms(fn, repeats: int) -> float:
     return total_us / repeats / 1e3
 
 
+# --------------------------------------------------------------------------- the q/k suite (GPU)
+
+
+def gpu_ms(fn, budget_ms: float = 60.0, flush_mb: int = 256) -> float:
+    """Median GPU time of one call of ``fn`` (ms), from CUDA events around each call, with the L2
+    cache overwritten before every call (so that no call reads what the previous one left there).
+
+    The flush and the events are queued ahead of the call, so the interval is the GPU's own time
+    (launch overheads that overlap earlier work are not counted)."""
+    flush = torch.empty(flush_mb << 20, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    est = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    est[0].record()
+    for _ in range(5):
+        fn()
+    est[1].record()
+    torch.cuda.synchronize()
+    n = int(min(500, max(20, budget_ms / max(est[0].elapsed_time(est[1]) / 5, 1e-3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in events:
+        flush.zero_()
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in events)[n // 2]
+
+
+def wall_ms(fn, calls: int = 200, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the wall time per call of ``calls`` calls in a row, synchronised at
+    the ends: what a caller waits per call when calls follow each other (launch overheads included)."""
+    import time
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e3)
+    return sorted(times)[rounds // 2]
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin, layout):
+    """Hugging Face's ``apply_rotary_pos_emb`` (``layout="half"``; Llama, Qwen, Mistral) and its
+    GPT-J counterpart (``"interleaved"``): full-width cos/sin ``(B, 1, T, D)`` in ``q``'s dtype."""
+    rot = rotate_half_hf if layout == "half" else rotate_every_two
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def load_flash_attn_rotary(path: str | None):
+    """flash-attention's Triton rotary (``flash_attn.ops.triton.rotary.apply_rotary``): imported from
+    the installed package, or loaded from the file ``path`` (its source, for machines where the
+    package's CUDA extension, which ``import flash_attn`` needs, cannot be built). None if neither."""
+    try:
+        from flash_attn.ops.triton.rotary import apply_rotary
+
+        return apply_rotary, "flash_attn package"
+    except Exception:
+        pass
+    if path and os.path.exists(path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("fa_triton_rotary", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.apply_rotary, f"flash-attention's {os.path.basename(path)}"
+    return None, None
+
+
+def load_liger_rope():
+    """Liger-Kernel's fused RoPE (``liger_kernel.ops.rope.LigerRopeFunction``): rotates q and k in
+    place in their ``(B, T, H, D)`` storage, half layout only. None if not installed."""
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        return LigerRopeFunction.apply
+    except Exception:
+        return None
+
+
+def qk_suite(args) -> None:
+    """Rotating the queries and keys of one layer on a GPU (see ``--help``): every layout x dtype x
+    length x head configuration, posenc's default path against a copy of q and k (the floor), the
+    Hugging Face formulation eager and compiled, and the fused kernels that install."""
+    import importlib.metadata
+    import platform
+    import time
+
+    import torch._dynamo
+
+    from posenc.rope import kernel as rope_kernel_module
+
+    torch._dynamo.config.cache_size_limit = 512  # every shape its own graph, never a silent eager fallback
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 512
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device)
+    versions = {}
+    for pkg in ("torch", "triton", "transformers", "liger-kernel", "flash-attn"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = None
+    fa_apply, fa_source = load_flash_attn_rotary(args.flash_attn_rotary)
+    liger = load_liger_rope()
+    started = time.perf_counter()
+    provenance = dict(command=" ".join(["python", *sys.argv]), commit=posenc_commit(), device=name, host=platform.node(),
+                      versions=versions, flash_attn_source=fa_source, tile=[rope_kernel_module.PAIRS_PER_PROGRAM, rope_kernel_module.NUM_WARPS])
+    print(json.dumps(provenance))
+    rope = RotaryEmbedding(128, 32768).to(device)
+    hf_compiled = torch.compile(hf_apply_rotary_pos_emb)
+    rows = []
+    print("| T | heads q/kv | dtype | layout | impl | GPU µs | % of copy bandwidth | wall µs | bit-identical to posenc eager |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for T in args.lengths:
+        start = 32767 if T == 1 else 0  # decode: one row of a 32k cache
+        cos, sin = rope.cos_sin(torch.arange(start, start + T, device=device))  # (T, 64) fp32
+        for hq, hkv in args.heads:
+            for dtype in [getattr(torch, d) for d in args.dtypes]:
+                for layout in args.layouts:
+                    torch.manual_seed(0)
+                    # q and k as a model has them: projections (B, T, H, D) seen as (B, H, T, D)
+                    q = torch.randn(1, T, hq, 128, device=device).to(dtype).transpose(1, 2)
+                    k = torch.randn(1, T, hkv, 128, device=device).to(dtype).transpose(1, 2)
+                    if layout == "half":
+                        cf, sf = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+                    else:
+                        cf, sf = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+                    cf, sf = cf[None, None].to(dtype), sf[None, None].to(dtype)  # (1, 1, T, D), as HF passes them
+                    impls = {
+                        "copy": lambda: (q.clone(), k.clone()),
+                        "hf eager": lambda: hf_apply_rotary_pos_emb(q, k, cf, sf, layout),
+                        "hf compiled": lambda: hf_compiled(q, k, cf, sf, layout),
+                        "posenc eager": lambda: (apply_rope(q, cos, sin, layout, backend="eager"),
+                                                 apply_rope(k, cos, sin, layout, backend="eager")),
+                        "posenc compiled": lambda: (apply_rope(q, cos, sin, layout, backend="compiled"),
+                                                    apply_rope(k, cos, sin, layout, backend="compiled")),
+                        "posenc default": lambda: (apply_rope(q, cos, sin, layout), apply_rope(k, cos, sin, layout)),
+                    }
+                    if fa_apply is not None:
+                        inter = layout == "interleaved"
+                        impls["flash-attn triton"] = lambda: (
+                            fa_apply(q.transpose(1, 2), cos, sin, interleaved=inter).transpose(1, 2),
+                            fa_apply(k.transpose(1, 2), cos, sin, interleaved=inter).transpose(1, 2))
+                    if liger is not None and layout == "half":
+                        # in place: rotates the storage of its own copies of q and k again at every call
+                        ql, kl = q.clone(), k.clone()
+                        impls["liger (in place)"] = lambda: liger(ql, kl, cf[0], sf[0])[:2]
+                    ref = impls["posenc eager"]()
+                    checks = {}
+                    for impl, fn in list(impls.items()):
+                        if impl == "copy":
+                            continue
+                        try:
+                            if impl.startswith("liger"):
+                                ql.copy_(q), kl.copy_(k)
+                            out = fn()
+                            torch.cuda.synchronize()
+                            diff = max((o.float() - r.float()).abs().max().item() for o, r in zip(out, ref))
+                            same = all(torch.equal(o, r) for o, r in zip(out, ref))
+                            checks[impl] = (diff, same)
+                        except Exception as err:  # a baseline that cannot take this configuration
+                            checks[impl] = (None, f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+                            del impls[impl]
+                    g = {impl: gpu_ms(fn) for impl, fn in impls.items()}
+                    w = {impl: wall_ms(fn, calls=200 if T <= 2048 else 20) for impl, fn in impls.items()}
+                    nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+                    for impl in list(impls) + [i for i in checks if i not in impls]:
+                        diff, same = checks.get(impl, (0.0, True))
+                        row = dict(T=T, heads=[hq, hkv], dtype=str(dtype).replace("torch.", ""), layout=layout, impl=impl,
+                                   shape_q=list(q.shape), shape_k=list(k.shape), max_abs_diff_vs_posenc_eager=diff,
+                                   bit_identical_to_posenc_eager=same, device=name, commit=provenance["commit"],
+                                   torch=torch.__version__)
+                        if impl in g:
+                            row.update(gpu_ms=g[impl], wall_ms=w[impl], gpu_gbps=nbytes / g[impl] / 1e6,
+                                       pct_of_copy_bw=100 * g["copy"] / g[impl])
+                            print(f"| {T} | {hq}/{hkv} | {row['dtype']} | {layout} | {impl} | {g[impl] * 1e3:.1f} | "
+                                  f"{row['pct_of_copy_bw']:.0f}% | {w[impl] * 1e3:.1f} | {same} |", flush=True)
+                        else:
+                            print(f"| {T} | {hq}/{hkv} | {row['dtype']} | {layout} | {impl} | | | | {same} |", flush=True)
+                        rows.append(row)
+                    del q, k, impls
+                    if args.json:  # written after every configuration, so that a run cut short keeps its rows
+                        provenance["wall_s"] = round(time.perf_counter() - started, 1)
+                        with open(args.json, "w") as f:
+                            json.dump({"provenance": provenance, "rows": rows}, f, indent=1)
+    if args.tile_sweep:
+        tile_sweep(args, rope, provenance)
+
+
+def tile_sweep(args, rope, provenance) -> None:
+    """GPU time of posenc's kernel at several tile sizes (pairs per program, warps), bf16 and fp32,
+    both layouts, MHA and GQA keys, T = 8192 and 32768: the measurement behind the defaults."""
+    from posenc.rope import kernel as K
+
+    tiles = [(512, 4), (1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8)]
+    rows = []
+    print("\n| T | heads | dtype | layout | " + " | ".join(f"{p} pairs, {w} warps" for p, w in tiles) + " | copy |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in tiles) + " | --- |")
+    for T in (8192, 32768):
+        cos, sin = rope.cos_sin(torch.arange(T, device=args.device))
+        for H in (32, 8):
+            for dtype in (torch.bfloat16, torch.float32):
+                x = torch.randn(1, T, H, 128, device=args.device).to(dtype).transpose(1, 2)
+                for layout in ("half", "interleaved"):
+                    copy = gpu_ms(lambda: x.clone())
+                    res = {}
+                    for tile in tiles:
+                        res[tile] = gpu_ms(lambda: K._launch(x, cos, sin, layout, False, tile))
+                    rows.append(dict(T=T, heads=H, dtype=str(dtype).replace("torch.", ""), layout=layout, copy_ms=copy,
+                                     tiles={f"{p}x{w}": ms for (p, w), ms in res.items()}))
+                    print(f"| {T} | {H} | {rows[-1]['dtype']} | {layout} | "
+                          + " | ".join(f"{100 * copy / ms:.0f}%" for ms in res.values()) + f" | {copy * 1e3:.1f} µs |", flush=True)
+    if args.json:
+        with open(args.json.replace(".json", "_tiles.json"), "w") as f:
+            json.dump({"provenance": provenance, "rows": rows}, f, indent=1)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--suite", choices=["single", "qk"], default=None,
+                        help="'single': one tensor, two shapes (the CPU default); 'qk': q and k of a layer over "
+                             "lengths, dtypes, layouts and head counts, with GPU times (the CUDA default)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2048, 8192, 32768], help="qk suite: T (1 = decode)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"])
+    parser.add_argument("--layouts", nargs="+", default=["half", "interleaved"])
+    parser.add_argument("--heads", type=lambda s: tuple(int(v) for v in s.split("/")), nargs="+",
+                        default=[(32, 32), (32, 8)], help="qk suite: query/key heads, e.g. 32/32 (MHA) 32/8 (GQA)")
+    parser.add_argument("--flash-attn-rotary", default=None,
+                        help="qk suite: path of flash-attention's flash_attn/ops/triton/rotary.py, if the package is not installed")
+    parser.add_argument("--tile-sweep", action="store_true", help="qk suite: also time posenc's kernel at several tile sizes")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if (args.suite or ("qk" if device.type == "cuda" else "single")) == "qk":
+        if device.type != "cuda":
+            parser.error("--suite qk measures GPU time and needs --device cuda")
+        qk_suite(args)
+        return
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     commit = posenc_commit()
     malloc = " ".join(f"{k}={os.environ[k]}" for k in MALLOC_ENV if k in os.environ) or "glibc defaults"

@@ -453,7 +453,7 @@ def test_apply_rope_bad_input():
     with pytest.raises(ValueError, match="layout must be one of .* got 'neox'"):
         apply_rope(x, c, s, "neox")
     with pytest.raises(ValueError, match="backend must be one of"):
-        apply_rope(x, c, s, backend="triton")
+        apply_rope(x, c, s, backend="fused")
     with pytest.raises(ValueError, match="D=7"):
         apply_rope(torch.randn(1, 4, 7), c[:, :3], s[:, :3])
     with pytest.raises(ValueError, match="R/2 <= D/2 = 4"):

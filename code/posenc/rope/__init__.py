@@ -31,7 +31,7 @@ position's cos/sin never depend on which other positions are in the same call. c
 returned in fp32 and the rotation is computed in fp32 whatever the dtype of ``x``, rounding once
 at the end.
 
-The package has three modules, and re-exports their public names:
+The package has four modules; it re-exports the public names of the first three:
 
 ==============================  ====================================================================
 module                          what
@@ -43,6 +43,9 @@ module                          what
                                 Hugging Face checkpoint's ``config.json``
 :mod:`.rotation`                cos/sin (:func:`rope_cos_sin`), the rotation (:func:`apply_rope`),
                                 layouts, axial 2-D RoPE, the :class:`RotaryEmbedding` method
+:mod:`.kernel`                  the rotation as one Triton kernel on CUDA, bit-identical to the
+                                eager one (:func:`~posenc.rope.kernel.rope_kernel`), which
+                                :func:`apply_rope` takes by default where it can
 ==============================  ====================================================================
 """
 

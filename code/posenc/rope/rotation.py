@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from posenc.method import PositionMethod, register_method
+from posenc.rope import kernel
 from posenc.rope.frequencies import _check_head_dim, inverse_frequencies
 
 #: The two ways of pairing the dimensions of a head (see the module docstring).
@@ -140,7 +141,7 @@ def apply_rope_eager(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half") 
 #: overhead (about 50 µs on the CPU) exceeds the work.
 COMPILE_MIN_NUMEL = 1 << 20
 
-APPLY_BACKENDS = ("auto", "eager", "compiled")
+APPLY_BACKENDS = ("auto", "eager", "compiled", "triton")
 
 _compiled: dict[str, Callable] = {}
 _compile_failed: list[str] = []
@@ -178,8 +179,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
         layout: ``"half"`` (pairs ``(i, i + R/2)``) or ``"interleaved"`` (pairs ``(2i, 2i + 1)``).
         backend: ``"eager"`` (:func:`apply_rope_eager`), ``"compiled"`` (the same function under
             ``torch.compile``: one fused pass over ``x``, falling back to eager with a
-            ``RuntimeWarning`` if compiling fails) or ``"auto"`` (compiled from
-            :data:`~posenc.rope.rotation.COMPILE_MIN_NUMEL` elements on, eager below and inside an outer compile).
+            ``RuntimeWarning`` if compiling fails), ``"triton"`` (:func:`~posenc.rope.kernel.rope_kernel`:
+            one Triton kernel on CUDA, bit-identical to eager) or ``"auto"``: the Triton kernel for
+            CUDA tensors it takes (:func:`~posenc.rope.kernel.unsupported_reason`), otherwise compiled
+            from :data:`~posenc.rope.rotation.COMPILE_MIN_NUMEL` elements on and eager below; eager
+            inside an outer compile, which fuses the rotation into its own kernels.
 
     Returns:
         Tensor of ``x``'s shape and dtype. The rotation is computed in fp32 (fp64 for fp64 ``x``)
@@ -187,13 +191,21 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
 
     Raises:
         TypeError: non-float tensors.
-        ValueError: unknown layout or backend, odd ``D``, ``R > D``, shapes that do not broadcast.
+        ValueError: unknown layout or backend, odd ``D``, ``R > D``, shapes that do not broadcast;
+            ``backend="triton"`` for arguments the kernel cannot take (e.g. CPU tensors).
     """
     if backend not in APPLY_BACKENDS:
         raise ValueError(f"backend must be one of {APPLY_BACKENDS}, got {backend!r}")
     _check_apply_args(x, cos, sin, layout)
     if backend == "auto":
-        backend = "compiled" if x.numel() >= COMPILE_MIN_NUMEL and not torch.compiler.is_compiling() else "eager"
+        if torch.compiler.is_compiling():
+            backend = "eager"
+        elif x.is_cuda and kernel.unsupported_reason(x, cos, sin) is None:
+            backend = "triton"
+        else:
+            backend = "compiled" if x.numel() >= COMPILE_MIN_NUMEL else "eager"
+    if backend == "triton":
+        return kernel.rope_kernel(x, cos, sin, layout)
     if backend == "compiled":
         return _apply_compiled(x, cos, sin, layout)
     return apply_rope_eager(x, cos, sin, layout)
