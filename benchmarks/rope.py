@@ -200,9 +200,12 @@ def load_flash_attn_rotary(path: str | None):
 
         spec = importlib.util.spec_from_file_location("fa_triton_rotary", path)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            return None, f"{path} did not load: {type(err).__name__}: {err}"
         return module.apply_rotary, f"flash-attention's {os.path.basename(path)}"
-    return None, None
+    return None, "not installed"
 
 
 def load_liger_rope():
@@ -246,6 +249,8 @@ def qk_suite(args) -> None:
                       versions=versions, flash_attn_source=fa_source, tile=[rope_kernel_module.PAIRS_PER_PROGRAM, rope_kernel_module.NUM_WARPS])
     print(json.dumps(provenance))
     rope = RotaryEmbedding(128, 32768).to(device)
+    if args.tile_sweep:
+        tile_sweep(args, rope, provenance)
     hf_compiled = torch.compile(hf_apply_rotary_pos_emb)
     rows = []
     print("| T | heads q/kv | dtype | layout | impl | GPU µs | % of copy bandwidth | wall µs | bit-identical to posenc eager |")
@@ -322,8 +327,6 @@ def qk_suite(args) -> None:
                         provenance["wall_s"] = round(time.perf_counter() - started, 1)
                         with open(args.json, "w") as f:
                             json.dump({"provenance": provenance, "rows": rows}, f, indent=1)
-    if args.tile_sweep:
-        tile_sweep(args, rope, provenance)
 
 
 def tile_sweep(args, rope, provenance) -> None:
@@ -335,9 +338,9 @@ def tile_sweep(args, rope, provenance) -> None:
     rows = []
     print("\n| T | heads | dtype | layout | " + " | ".join(f"{p} pairs, {w} warps" for p, w in tiles) + " | copy |")
     print("| --- | --- | --- | --- | " + " | ".join("---" for _ in tiles) + " | --- |")
-    for T in (8192, 32768):
+    for T in args.sweep_lengths:
         cos, sin = rope.cos_sin(torch.arange(T, device=args.device))
-        for H in (32, 8):
+        for H in (args.heads[0][0], args.heads[-1][1]):
             for dtype in (torch.bfloat16, torch.float32):
                 x = torch.randn(1, T, H, 128, device=args.device).to(dtype).transpose(1, 2)
                 for layout in ("half", "interleaved"):
@@ -369,7 +372,8 @@ def main() -> None:
                         default=[(32, 32), (32, 8)], help="qk suite: query/key heads, e.g. 32/32 (MHA) 32/8 (GQA)")
     parser.add_argument("--flash-attn-rotary", default=None,
                         help="qk suite: path of flash-attention's flash_attn/ops/triton/rotary.py, if the package is not installed")
-    parser.add_argument("--tile-sweep", action="store_true", help="qk suite: also time posenc's kernel at several tile sizes")
+    parser.add_argument("--tile-sweep", action="store_true", help="qk suite: first time posenc's kernel at several tile sizes")
+    parser.add_argument("--sweep-lengths", type=int, nargs="+", default=[8192, 32768], help="tile sweep: T")
     args = parser.parse_args()
     device = torch.device(args.device)
     if (args.suite or ("qk" if device.type == "cuda" else "single")) == "qk":

@@ -1,5 +1,6 @@
-"""posenc.experiments.distributed: dealing cells to ranks, data-parallel batches, and two CPU processes
-under torchrun giving the records of one process (a sharded grid) and the loss of one process (DDP)."""
+"""posenc.experiments.distributed: dealing cells to ranks, data-parallel batches, processes dealt to GPUs
+(several on one GPU: gloo, no DDP), and two CPU processes under torchrun giving the records of one process
+(a sharded grid) and the loss of one process (DDP)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,65 @@ def test_a_lone_process_needs_no_process_group():
         distributed.init("meta", env={})
     with pytest.raises(ValueError, match=r"rank must be an int in 0..world_size-1=1, got 2"):
         DistContext(rank=2, world_size=2)
+
+
+def test_device_for_deals_processes_to_the_gpus_in_turn_and_leaves_the_cpu_alone():
+    assert [distributed.device_for(r, "cuda", 1) for r in range(3)] == ["cuda:0"] * 3  # all share the one GPU
+    assert [distributed.device_for(r, "cuda", 2) for r in range(5)] == ["cuda:0", "cuda:1"] * 2 + ["cuda:0"]
+    assert distributed.device_for(3, "cuda:1", 2) == "cuda:1"  # an index given with "cuda" is replaced
+    assert distributed.device_for(5, "cpu", 0) == "cpu" and distributed.device_for(0, "cpu", 2) == "cpu"
+    with pytest.raises(ValueError, match=r"n_gpus must be an int >= 1 for device='cuda' \(no GPU is visible\), got 0"):
+        distributed.device_for(0, "cuda", 0)
+    with pytest.raises(ValueError, match="local_rank must be an int >= 0, got -1"):
+        distributed.device_for(-1, "cuda", 1)
+
+
+@pytest.mark.parametrize("flags", [(False, False, False), (False, True, False), (True, True, True)])
+def test_every_rank_learns_whether_any_rank_shares_a_gpu(flags):
+    """The backend choice: each rank (a thread here) says whether it shares a GPU; all get the same answer."""
+    store, answers = torch.distributed.HashStore(), {}
+    threads = [threading.Thread(target=lambda r=r: answers.__setitem__(
+        r, distributed._any_rank(store, "k", flags[r], len(flags)))) for r in range(len(flags))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert answers == {r: any(flags) for r in range(len(flags))}
+
+
+# Two ranks told there is one GPU (no GPU is touched: device_count and set_device are replaced): both
+# land on cuda:0, agree that a GPU is shared, and so join a gloo group, whose object collectives work.
+SHARED_GPU_SCRIPT = """
+import json, pathlib, sys, torch
+torch.cuda.device_count = lambda: 1
+torch.cuda.set_device = lambda device: None
+from posenc.experiments import distributed
+ctx = distributed.init("cuda")
+name = distributed.new_name(ctx)
+torch.distributed.barrier()
+out = pathlib.Path(sys.argv[1]) / f"rank{ctx.rank}.json"
+out.write_text(json.dumps({"rank": ctx.rank, "device": ctx.device, "backend": ctx.backend, "name": name}))
+distributed.shutdown(ctx)
+"""
+
+
+def test_two_ranks_on_one_gpu_share_cuda_0_over_gloo(tmp_path):
+    script = tmp_path / "shared.py"
+    script.write_text(SHARED_GPU_SCRIPT)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(script), str(tmp_path)], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(r["rank"] for r in lines) == [0, 1]
+    assert {(r["device"], r["backend"]) for r in lines} == {("cuda:0", "gloo")}
+    assert len({r["name"] for r in lines}) == 1  # rank 0's queue name reached rank 1
+
+
+def test_data_parallel_refuses_ranks_that_share_a_gpu():
+    ctx = DistContext(rank=0, world_size=2, device="cuda:0", backend="gloo", store=object())
+    with pytest.raises(ValueError, match=r"data parallel training needs a GPU per process, but the 2 processes"):
+        distributed.train_data_parallel(torch.nn.Linear(1, 1), lambda m, shard: None, ctx)
 
 
 def run(args: list[str], nproc: int = 0) -> None:

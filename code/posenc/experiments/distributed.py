@@ -11,12 +11,17 @@ Two ways to use more than one process, both under ``torchrun`` (``python -m torc
   and seed, up to the order of floating-point sums.
 
 :func:`init` joins the process group that ``torchrun`` describes in the environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``): gloo on the CPU, NCCL on CUDA
-(one GPU per process, ``cuda:LOCAL_RANK``), and the key-value store of ``torchrun``'s rendezvous,
-which the work queue uses. Without ``torchrun`` it returns a one-process context and every helper
-here does the one-process thing, so the same code runs in a notebook, in one process and on many.
-Nothing here reads or sets global state beyond the process group itself: every function takes the
-:class:`DistContext` it works in.
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and the key-value store of
+``torchrun``'s rendezvous, which the work queue uses. On CUDA a process uses
+``cuda:(LOCAL_RANK % G)``, ``G`` the GPUs it sees (:func:`device_for`), so there may be more
+processes than GPUs: several tiny models then train at once on one GPU. The backend is gloo on the
+CPU; on CUDA it is NCCL when every process has a GPU of its own, and gloo as soon as two processes
+of the run share one (NCCL refuses two ranks of one group on one GPU, "Duplicate GPU detected";
+the sharded grid only sends small objects, which gloo carries through the CPU). Data parallel
+training refuses processes that share a GPU (:func:`train_data_parallel`). Without ``torchrun``
+:func:`init` returns a one-process context and every helper here does the one-process thing, so the
+same code runs in a notebook, in one process and on many. Nothing here reads or sets global state
+beyond the process group itself: every function takes the :class:`DistContext` it works in.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ class DistContext:
     rank: int = 0  #: index of this process among all processes (torchrun's ``RANK``)
     world_size: int = 1  #: number of processes (``WORLD_SIZE``)
     local_rank: int = 0  #: index of this process on its machine (``LOCAL_RANK``); picks the GPU
-    device: str = "cpu"  #: this process's device, ``"cpu"`` or ``"cuda:LOCAL_RANK"`` for CUDA
+    device: str = "cpu"  #: this process's device, ``"cpu"`` or ``"cuda:(LOCAL_RANK % GPUs)"`` (:func:`device_for`)
     backend: Optional[str] = None  #: ``"gloo"`` or ``"nccl"`` while a process group is up, else ``None``
     #: the rendezvous key-value store (``torch.distributed.Store``), shared by all ranks; ``None`` alone
     store: Optional[Any] = field(default=None, compare=False, repr=False)
@@ -70,6 +75,42 @@ def launched_by_torchrun(env: Mapping[str, str] = os.environ) -> bool:
     return "RANK" in env and "WORLD_SIZE" in env
 
 
+def device_for(local_rank: int, device: str, n_gpus: int) -> str:
+    """The device of the process with index ``local_rank`` on its machine.
+
+    On CUDA, ``cuda:(local_rank % n_gpus)``: processes are dealt to the GPUs in turn, so with more
+    processes than GPUs several share one (local ranks 0 and 2 on ``cuda:0`` with two GPUs). On the
+    CPU, ``device`` unchanged.
+
+    Args:
+        local_rank: the process's index on its machine (torchrun's ``LOCAL_RANK``), ``>= 0``.
+        device: ``"cpu"`` or ``"cuda"`` (an index given with it is ignored under torchrun).
+        n_gpus: the GPUs the process sees (``torch.cuda.device_count()``); unused on the CPU.
+
+    Returns:
+        ``"cuda:I"`` or ``device``.
+
+    Raises:
+        ValueError: if ``local_rank`` is not an int ``>= 0``, or ``device`` is CUDA and ``n_gpus < 1``.
+    """
+    if not isinstance(local_rank, int) or isinstance(local_rank, bool) or local_rank < 0:
+        raise ValueError(f"local_rank must be an int >= 0, got {local_rank!r}")
+    if torch.device(device).type != "cuda":
+        return str(device)
+    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be an int >= 1 for device={device!r} (no GPU is visible), got {n_gpus!r}")
+    return f"cuda:{local_rank % n_gpus}"
+
+
+def _any_rank(store: Any, key: str, flag: bool, world_size: int) -> bool:
+    """Whether ``flag`` is true on any of ``world_size`` ranks; every rank calls it once with the same ``key``."""
+    store.add(f"{key}/true", int(bool(flag)))
+    if store.add(f"{key}/arrived", 1) == world_size:  # the last rank to arrive lets every rank read the count
+        store.set(f"{key}/all", "1")
+    store.wait([f"{key}/all"])
+    return store.add(f"{key}/true", 0) > 0
+
+
 def init(device: str = "cpu", *, env: Mapping[str, str] = os.environ) -> DistContext:
     """Join the process group ``torchrun`` set up, or describe a lone process.
 
@@ -78,7 +119,8 @@ def init(device: str = "cpu", *, env: Mapping[str, str] = os.environ) -> DistCon
     make it; the process group and the :class:`WorkQueue` s use it under separate prefixes.
 
     Args:
-        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, this process on ``cuda:LOCAL_RANK``); a lone
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (this process on ``cuda:(LOCAL_RANK % GPUs)``, see
+            :func:`device_for`; NCCL if no two processes of the run share a GPU, else gloo); a lone
             process keeps ``device`` as given (e.g. ``"cuda:1"``).
         env: the environment to read (``os.environ``; tests pass their own).
 
@@ -86,25 +128,29 @@ def init(device: str = "cpu", *, env: Mapping[str, str] = os.environ) -> DistCon
         The :class:`DistContext`; call :func:`shutdown` with it at the end.
 
     Raises:
-        ValueError: if ``device`` is neither a CPU nor a CUDA device.
+        ValueError: if ``device`` is neither a CPU nor a CUDA device, or is CUDA with no GPU visible.
         RuntimeError: if a default process group already exists (this function creates it).
     """
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (one GPU per process), got {device!r}")
+        raise ValueError(f"device must be 'cpu' or 'cuda' (under torchrun: cuda:(LOCAL_RANK % GPUs)), got {device!r}")
     if not launched_by_torchrun(env) or int(env["WORLD_SIZE"]) == 1:
         return DistContext(device=str(device))
     if dist.is_initialized():
         raise RuntimeError("a default process group exists already; posenc.experiments.distributed.init creates it")
     rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0))
+    n_gpus = torch.cuda.device_count() if kind == "cuda" else 0
+    device = device_for(local, device, n_gpus)
     if kind == "cuda":
-        device = f"cuda:{local}"
         torch.cuda.set_device(torch.device(device))  # NCCL's object collectives use the current device
-    backend = "nccl" if kind == "cuda" else "gloo"
     agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=rank == 0 and not agent,
                           timeout=TIMEOUT, multi_tenant=True)
     attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted run must not read an earlier run's keys
+    backend = "gloo"
+    if kind == "cuda":  # every rank must pick the same backend: NCCL only if no machine has two ranks on a GPU
+        shared = _any_rank(store, f"posenc/shared_gpu/{attempt}", local >= n_gpus, world)
+        backend = "gloo" if shared else "nccl"
     dist.init_process_group(backend, store=dist.PrefixStore(f"posenc/group/{attempt}", store), rank=rank,
                             world_size=world, timeout=TIMEOUT)
     return DistContext(rank=rank, world_size=world, local_rank=local, device=str(device), backend=backend,
@@ -240,9 +286,18 @@ def train_data_parallel(model: nn.Module, fit: Callable[[nn.Module, tuple[int, i
     Returns:
         ``fit``'s result, with ``losses`` those of the global batch. ``model`` is trained in place
         (identical on every rank).
+
+    Raises:
+        ValueError: if the ranks share GPUs (a CUDA ``ctx`` on gloo, see :func:`init`): NCCL cannot
+            put two ranks on one GPU, and splitting a batch over processes on one GPU is no faster
+            than one process.
     """
     if not ctx.distributed:
         return fit(model, (0, 1))
+    if torch.device(ctx.device).type == "cuda" and ctx.backend != "nccl":
+        raise ValueError(f"data parallel training needs a GPU per process, but the {ctx.world_size} processes of this "
+                         f"run share GPUs (backend={ctx.backend!r}, this one on {ctx.device}); start at most as many "
+                         "processes per machine as it has GPUs, or train one model per process (no --ddp)")
     device_ids = [torch.device(ctx.device).index] if ctx.backend == "nccl" else None
     wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     result = fit(wrapped, (ctx.rank, ctx.world_size))

@@ -52,6 +52,9 @@ model trained, every evaluation of it and, for RoPE, its fine-tunes. Command lin
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m posenc.experiments.extrapolation
     # one model trained by all processes (DistributedDataParallel, each its slice of every batch):
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m posenc.experiments.extrapolation --ddp
+    # several tiny models at once on one GPU: process i on cuda:(i % GPUs), gloo between them
+    python -m torch.distributed.run --standalone --nproc_per_node 8 -m posenc.experiments.extrapolation \\
+        --preset gpu --device cuda
     # several machines: the same command on each, with torchrun's multi-node arguments
     python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
         --rdzv_endpoint HOST:29500 -m posenc.experiments.extrapolation --preset gpu --device cuda
@@ -322,7 +325,8 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
     Args:
         study: the grid and scale.
         out: the JSON file.
-        device: where to train (under ``torchrun`` with CUDA, each rank uses ``ctx.device``).
+        device: where to train (under ``torchrun`` with CUDA, each rank uses ``ctx.device``,
+            ``cuda:(LOCAL_RANK % GPUs)``).
         ctx: the distributed context (:func:`~posenc.experiments.distributed.init`); ``None``: one process.
         ddp: train each cell data-parallel over all ranks.
         command: the command line, stored in every record.
@@ -394,9 +398,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="the configuration the options change")
     p.add_argument("--out", help="output JSON (default: book/results/extrapolation.json)")
     p.add_argument("--plots", metavar="DIR", help="also write the figures (PNG) to DIR")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun with cuda: one GPU per process)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun with cuda: process LOCAL_RANK on "
+                   "cuda:(LOCAL_RANK %% GPUs), so several processes may share a GPU)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
-    p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP)")
+    p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP; "
+                   "on CUDA, one GPU per process)")
     p.add_argument("--quiet", action="store_true", help="no progress bars and no log lines")
     add_options(p.add_argument_group("study (fields of ExtrapolationStudy; default: the preset's)"),
                 ExtrapolationStudy)
