@@ -246,7 +246,8 @@ def qk_suite(args) -> None:
     liger = load_liger_rope()
     started = time.perf_counter()
     provenance = dict(command=" ".join(["python", *sys.argv]), commit=posenc_commit(), device=name, host=platform.node(),
-                      versions=versions, flash_attn_source=fa_source, tile=[rope_kernel_module.PAIRS_PER_PROGRAM, rope_kernel_module.NUM_WARPS])
+                      versions=versions, flash_attn_source=fa_source, tile=[rope_kernel_module.PAIRS_PER_PROGRAM, rope_kernel_module.NUM_WARPS],
+                      kernel_default_on_cuda=rope_kernel_module.DEFAULT_ON_CUDA)
     print(json.dumps(provenance))
     rope = RotaryEmbedding(128, 32768).to(device)
     if args.tile_sweep:
@@ -279,6 +280,8 @@ def qk_suite(args) -> None:
                         "posenc compiled": lambda: (apply_rope(q, cos, sin, layout, backend="compiled"),
                                                     apply_rope(k, cos, sin, layout, backend="compiled")),
                         "posenc default": lambda: (apply_rope(q, cos, sin, layout), apply_rope(k, cos, sin, layout)),
+                        "posenc triton": lambda: (apply_rope(q, cos, sin, layout, backend="triton"),
+                                                  apply_rope(k, cos, sin, layout, backend="triton")),
                     }
                     if fa_apply is not None:
                         inter = layout == "interleaved"

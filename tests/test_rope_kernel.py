@@ -1,6 +1,7 @@
 """Tests of posenc.rope.kernel: the Triton RoPE kernel is bit-identical to the eager rotation, its
-backward is the rotation by -θ, apply_rope's default path takes it on CUDA and only there, and
-arguments it cannot take go to the eager function (or, asked for by name, raise)."""
+backward is the rotation by -θ, apply_rope's default path takes it on CUDA (once DEFAULT_ON_CUDA is
+set) and only there, and arguments it cannot take go to the eager function (or, asked for by name,
+raise)."""
 
 import os
 import subprocess
@@ -62,9 +63,10 @@ def test_kernel_is_bit_identical_to_the_eager_rotation(layout, dtype, monkeypatc
     used = []
     real = kernel.rope_kernel
     monkeypatch.setattr(rotation.kernel, "rope_kernel", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(rotation.kernel, "DEFAULT_ON_CUDA", True)  # the default path, once it is switched on
     for name, x, c, s in cases("cuda"):
         x = x.to(dtype)
-        out = apply_rope(x, c, s, layout)  # the default path
+        out = apply_rope(x, c, s, layout)
         assert used, f"{name}: apply_rope's default did not take the kernel"
         used.clear()
         eager = apply_rope_eager(x, c, s, layout)
@@ -115,6 +117,7 @@ def test_default_path_falls_back_where_the_kernel_cannot_go(monkeypatch):
     import posenc.rope.rotation as rotation
 
     monkeypatch.setattr(rotation.kernel, "rope_kernel", lambda *a: pytest.fail("kernel called"))
+    monkeypatch.setattr(rotation.kernel, "DEFAULT_ON_CUDA", True)
     c, s = cos_sin(torch.arange(8), 16, "cuda")
     x64 = torch.randn(1, 2, 8, 16, device="cuda", dtype=torch.float64)
     torch.testing.assert_close(apply_rope(x64, c, s), apply_rope_eager(x64, c, s), rtol=0, atol=0)
@@ -129,9 +132,10 @@ def test_default_path_falls_back_where_the_kernel_cannot_go(monkeypatch):
 
 
 @needs_kernel
-def test_rotary_embedding_on_cuda_takes_the_kernel_and_matches_eager():
+def test_rotary_embedding_on_cuda_takes_the_kernel_and_matches_eager(monkeypatch):
     from posenc.rope import RotaryEmbedding
 
+    monkeypatch.setattr(kernel, "DEFAULT_ON_CUDA", True)
     rope = RotaryEmbedding(64, 128, layout="interleaved").cuda().to(torch.bfloat16)
     q = torch.randn(2, 16, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # (B, H, T, D) view
     k = torch.randn(2, 16, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -143,6 +147,16 @@ def test_rotary_embedding_on_cuda_takes_the_kernel_and_matches_eager():
 
 
 # ----------------------------------------------------------------- anywhere
+
+
+def test_the_default_path_waits_for_the_kernel_to_be_checked_on_a_gpu(monkeypatch):
+    # DEFAULT_ON_CUDA is switched on in the commit that records the CUDA tests passing on a GPU
+    import posenc.rope.rotation as rotation
+
+    assert kernel.DEFAULT_ON_CUDA is False
+    monkeypatch.setattr(rotation.kernel, "unsupported_reason", lambda *a: pytest.fail("kernel considered"))
+    c, s = cos_sin(torch.arange(4), 8, "cuda" if torch.cuda.is_available() else "cpu")
+    apply_rope(torch.randn(1, 2, 4, 8, device=c.device), c, s)
 
 
 def test_unsupported_reasons_name_the_cause():
@@ -170,6 +184,7 @@ def test_backend_triton_on_the_cpu_raises_with_the_reason():
 def test_auto_on_the_cpu_never_tries_the_kernel(monkeypatch):
     import posenc.rope.rotation as rotation
 
+    monkeypatch.setattr(rotation.kernel, "DEFAULT_ON_CUDA", True)
     monkeypatch.setattr(rotation.kernel, "rope_kernel", lambda *a: pytest.fail("kernel called"))
     monkeypatch.setattr(rotation.kernel, "unsupported_reason", lambda *a: pytest.fail("kernel considered"))
     c, s = cos_sin(torch.arange(4), 8)

@@ -21,6 +21,7 @@ once.
 Triton is optional: :func:`unsupported_reason` says why a call cannot use the kernel (no Triton,
 not a CUDA tensor, fp64, cos/sin that need gradients, a layout that cannot be indexed as
 ``(B, H, T, D)``), and :func:`~posenc.rope.rotation.apply_rope` then runs the eager function.
+``apply_rope`` takes the kernel by default only once :data:`DEFAULT_ON_CUDA` is set (see there).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ try:  # Triton ships with PyTorch's CUDA builds; CPU-only installs run apply_rop
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the install
     triton = None
+
+#: Whether ``apply_rope(backend="auto")`` takes the kernel for the CUDA tensors it can take. Off
+#: until the kernel's CUDA tests (``tests/test_rope_kernel.py``) and ``benchmarks/rope.py`` have run
+#: on a GPU: so far it has been checked only under Triton's CPU interpreter, which runs its index
+#: arithmetic, masks and layouts but not the GPU compiler. ``backend="triton"`` asks for it by name.
+DEFAULT_ON_CUDA = False
 
 #: dtypes of ``x`` the kernel handles (fp64 runs eagerly: the kernel computes in fp32).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

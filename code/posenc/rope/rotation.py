@@ -181,8 +181,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
             ``torch.compile``: one fused pass over ``x``, falling back to eager with a
             ``RuntimeWarning`` if compiling fails), ``"triton"`` (:func:`~posenc.rope.kernel.rope_kernel`:
             one Triton kernel on CUDA, bit-identical to eager) or ``"auto"``: the Triton kernel for
-            CUDA tensors it takes (:func:`~posenc.rope.kernel.unsupported_reason`), otherwise compiled
-            from :data:`~posenc.rope.rotation.COMPILE_MIN_NUMEL` elements on and eager below; eager
+            CUDA tensors it takes (:func:`~posenc.rope.kernel.unsupported_reason`) once
+            :data:`~posenc.rope.kernel.DEFAULT_ON_CUDA` is set, otherwise compiled from
+            :data:`~posenc.rope.rotation.COMPILE_MIN_NUMEL` elements on and eager below; eager
             inside an outer compile, which fuses the rotation into its own kernels.
 
     Returns:
@@ -200,7 +201,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
     if backend == "auto":
         if torch.compiler.is_compiling():
             backend = "eager"
-        elif x.is_cuda and kernel.unsupported_reason(x, cos, sin) is None:
+        elif x.is_cuda and kernel.DEFAULT_ON_CUDA and kernel.unsupported_reason(x, cos, sin) is None:
             backend = "triton"
         else:
             backend = "compiled" if x.numel() >= COMPILE_MIN_NUMEL else "eager"
