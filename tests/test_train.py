@@ -416,3 +416,94 @@ def test_each_process_of_a_sharded_step_takes_its_rows_and_their_mean_loss_is_th
     shares = [run(tiny_lm(), (rank, 4)).losses[0] for rank in range(4)]
     assert len(set(shares)) == 4  # each process sees other rows
     assert sum(shares) / 4 == pytest.approx(whole, rel=1e-6)
+
+
+# --- the experiments protocol: curves, the position parameters' step size, nested windows ---------
+
+
+def test_the_curve_is_measured_at_the_steps_asked_and_leaves_training_unchanged():
+    data, cfg = random_bytes(), quick_cfg()
+    plain_model, curved_model = tiny_lm("learned"), tiny_lm("learned")
+    calls = []
+
+    def measure(m):
+        calls.append(m.training)
+        torch.rand(3)  # a measure that draws from the global RNG must not disturb training
+        return {"val_loss": evaluate(m, data, 16, num_windows=4).loss}
+
+    plain = train(plain_model, data, cfg)
+    curved = train(curved_model, data, cfg, curve_at=[8, 2, 5], measure=measure)
+    assert plain.losses == curved.losses
+    assert [p["step"] for p in curved.curve] == [2, 5, 8] and calls == [False] * 3
+    final = evaluate(curved_model, data, 16, num_windows=4).loss
+    assert curved.curve[-1]["val_loss"] == final  # the last point is the trained model
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(curve_at=[0], measure=lambda m: {}), "curve_at must hold steps in 1..8"),
+    (dict(curve_at=[9], measure=lambda m: {}), "curve_at must hold steps in 1..8"),
+    (dict(curve_at=[2]), "needs a measure"),
+    (dict(measure=3), "measure must be callable"),
+])
+def test_curve_arguments_are_checked(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        train(tiny_lm(), random_bytes(), quick_cfg(), **kwargs)
+
+
+def test_position_parameters_move_at_their_own_step_size():
+    # Adam moves a parameter about one learning rate per step whatever its gradient's scale; the
+    # multiplier scales the position method's learning rate and no other
+    from posenc.train import param_groups
+
+    data = random_bytes()
+    base, fast = tiny_lm("learned"), tiny_lm("learned")
+    pos0, tok0 = base.position.table().detach().clone(), base.tok.weight.detach().clone()
+    rb = train(base, data, quick_cfg(steps=4, warmup_steps=0, weight_decay=0.0, grad_clip=0.0))
+    train(fast, data, quick_cfg(steps=4, warmup_steps=0, weight_decay=0.0, grad_clip=0.0, position_lr_mult=10.0))
+    step_base = (base.position.table().detach() - pos0).abs().max().item()
+    step_fast = (fast.position.table().detach() - pos0).abs().max().item()
+    assert step_fast == pytest.approx(10 * step_base, rel=0.05)
+    assert step_base <= 4 * 3e-3 * 1.01  # at most one learning rate per step under Adam
+    groups = param_groups(fast, quick_cfg(position_lr_mult=10.0))
+    pos_ids = {id(p) for p in fast.position.parameters()}
+    assert all(g["lr_mult"] == (10.0 if id(g["params"][0]) in pos_ids else 1.0) for g in groups)
+    assert sum(len(g["params"]) for g in groups) == len([p for p in fast.parameters() if p.requires_grad])
+    assert rb.lrs == [lr_at(s, quick_cfg(steps=4, warmup_steps=0)) for s in range(4)]  # the base learning rate
+    assert not torch.equal(fast.tok.weight, tok0)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "10"])
+def test_position_lr_mult_must_be_positive(bad):
+    with pytest.raises(ValueError, match="position_lr_mult must be a number > 0"):
+        quick_cfg(position_lr_mult=bad)
+
+
+def test_nested_windows_are_prefixes_of_the_longest():
+    data = random_bytes(5000)
+    long_x, _ = eval_windows(data, 64, 8, span=64)
+    short_x, short_y = eval_windows(data, 16, 8, span=64)
+    assert torch.equal(short_x, long_x[:, :16])
+    assert not torch.equal(eval_windows(data, 16, 8)[0], short_x)  # spaced for their own length, they start elsewhere
+    with pytest.raises(ValueError, match="span must be an int >= seq_len=16"):
+        eval_windows(data, 16, 8, span=8)
+    model = tiny_lm()
+    results = evaluate_lengths(model, data, [8, 16], num_windows=4, nested=True)
+    direct = evaluate(model, data, 8, num_windows=4, span=16)
+    assert torch.equal(results[8].loss_per_position, direct.loss_per_position)
+
+
+def test_per_window_losses_average_to_the_loss():
+    data = random_bytes()
+    result = evaluate(tiny_lm(), data, 16, num_windows=6, batch_size=4)
+    assert result.loss_per_window.shape == (6,)
+    assert result.loss_per_window.mean().item() == pytest.approx(result.loss, abs=1e-6)
+
+
+def test_task_accuracy_records_each_rows_exact_match():
+    from posenc.train import task_accuracy
+
+    acc = task_accuracy(_CopyOracle(6), _copy(6), num_examples=40, batch_size=16)
+    assert acc.row_exact == (1,) * 40
+    blind = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=12), "nope")
+    acc = task_accuracy(blind, _copy(6), num_examples=40)
+    assert len(acc.row_exact) == 40 and sum(acc.row_exact) / 40 == acc.exact_match

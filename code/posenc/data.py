@@ -118,17 +118,31 @@ def random_batch(
     return seq[:, :-1].to(device), seq[:, 1:].to(device)
 
 
-def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None) -> tuple[Tensor, Tensor]:
+def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None, *, span: Optional[int] = None
+                 ) -> tuple[Tensor, Tensor]:
     """Evenly spaced, deterministic windows of ``data`` for evaluation.
+
+    Args:
+        data: ``(N,)`` token ids.
+        seq_len: window length ``T``.
+        num_windows: windows.
+        device: device of the returned tensors.
+        span: space the windows as if they were ``span`` tokens long (``span >= seq_len``): the
+            windows of every length up to ``span`` then start at the same tokens, each a prefix of
+            the longest, so that scores at several lengths are on the same text. ``None``: ``seq_len``.
 
     Returns:
         ``(x, y)``, each ``(num_windows, seq_len)`` int64.
 
     Raises:
-        ValueError: if ``data`` is too short for one window.
+        ValueError: if ``data`` is too short for one window of ``span`` tokens, or ``span < seq_len``.
     """
     _check_windows(data, num_windows, seq_len, "num_windows")
-    last = data.numel() - seq_len - 1
+    if span is not None:
+        if not isinstance(span, int) or isinstance(span, bool) or span < seq_len:
+            raise ValueError(f"span must be an int >= seq_len={seq_len} or None, got {span!r}")
+        _check_windows(data, num_windows, span, "num_windows")
+    last = data.numel() - (span or seq_len) - 1
     starts = torch.arange(num_windows) * last // max(num_windows - 1, 1)  # (num_windows,), exact integers
     idx = starts[:, None] + torch.arange(seq_len + 1)
     seq = data[idx].long()

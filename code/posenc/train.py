@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,10 @@ class TrainConfig:
     grad_clip: float = 1.0  #: max global gradient norm (0 disables clipping)
     seed: int = 0  #: seed of the data order
     progress: bool = True  #: show a tqdm progress bar
+    #: multiplies the learning rate of the position method's parameters (``model.position``): under
+    #: Adam each parameter moves about one learning rate per step whatever its scale, so this is the
+    #: step size of the position parameters, the knob the experiments protocol tunes per method
+    position_lr_mult: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "seq_len"):
@@ -53,6 +57,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip < 0:
             raise ValueError(f"TrainConfig.grad_clip must be >= 0, got {self.grad_clip!r}")
+        if isinstance(self.position_lr_mult, bool) or not isinstance(self.position_lr_mult, (int, float)) or not self.position_lr_mult > 0:
+            raise ValueError(f"TrainConfig.position_lr_mult must be a number > 0, got {self.position_lr_mult!r}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -81,7 +87,9 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)  #: training loss (nats/token) at every step, penalty excluded
     penalties: list[float] = field(default_factory=list)  #: value of the penalty term at every step (0 without one)
     lrs: list[float] = field(default_factory=list)  #: learning rate used at every step
-    seconds: float = 0.0  #: wall-clock time of the loop
+    seconds: float = 0.0  #: wall-clock time of the loop (the curve's measurements excluded)
+    #: the learning curve: ``{"step": s, **measure(model)}`` after each step ``s`` of ``curve_at``
+    curve: list[dict] = field(default_factory=list)
 
     def smoothed(self, window: int = 20) -> list[float]:
         """Running mean of the training loss over the last ``window`` steps.
@@ -104,7 +112,7 @@ def _device_of(model: nn.Module) -> torch.device:
 
 def train(
     model: nn.Module, data: Tensor, cfg: TrainConfig, *, penalty: Optional[Callable[[], Tensor]] = None,
-    shard: tuple[int, int] = (0, 1),
+    shard: tuple[int, int] = (0, 1), curve_at: Sequence[int] = (), measure: Optional[Callable[[nn.Module], dict]] = None,
 ) -> TrainResult:
     """Train ``model`` on random windows of ``data`` for next-token prediction.
 
@@ -125,13 +133,19 @@ def train(
             its share of the batch's mean, so that the mean over the processes of their losses and
             gradients (what ``torch.nn.parallel.DistributedDataParallel`` computes) is the loss and
             gradient of the whole batch. ``(0, 1)``, the default, is ordinary training.
+        curve_at: steps (1-based counts of optimiser steps, each in ``1 .. cfg.steps``) after which
+            ``measure(model)`` is called (in eval mode); its dict, with ``"step"``, is appended to ``curve``. The
+            measurements draw no random numbers from the training stream, so the training is the
+            same with or without them.
+        measure: e.g. ``lambda m: {"val_loss": evaluate(m, corpus.val, 128, num_windows=64).loss}``.
 
     Returns:
-        The per-step losses, penalties and learning rates. The model is left in eval mode.
+        The per-step losses, penalties and learning rates, and the curve. The model is left in eval mode.
 
     Raises:
-        ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``, or ``shard`` is not a
-            valid ``(rank, world_size)`` whose ``world_size`` divides ``cfg.batch_size``.
+        ValueError: if ``cfg.seq_len`` exceeds the model's ``config.max_len``, ``shard`` is not a
+            valid ``(rank, world_size)`` whose ``world_size`` divides ``cfg.batch_size``, or
+            ``curve_at`` has steps outside ``1 .. cfg.steps`` or is given without ``measure``.
         TypeError: if ``data`` is not a 1-D tensor, or ``penalty`` is not callable or returns
             something other than a scalar tensor.
     """
@@ -142,12 +156,13 @@ def train(
         x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
         return x, y, None
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len, shard=shard)
+    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len, shard=shard, curve_at=curve_at, measure=measure)
 
 
 def train_task(
     model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig, *,
     penalty: Optional[Callable[[], Tensor]] = None, shard: tuple[int, int] = (0, 1),
+    curve_at: Sequence[int] = (), measure: Optional[Callable[[nn.Module], dict]] = None,
 ) -> TrainResult:
     """Train ``model`` on a synthetic task, scoring only the answer tokens.
 
@@ -163,9 +178,11 @@ def train_task(
         cfg: hyper-parameters; ``seed`` seeds the stream of examples.
         penalty: optional regulariser added to the loss, as in :func:`train`.
         shard: ``(rank, world_size)`` for data-parallel training, as in :func:`train`.
+        curve_at, measure: the learning curve, as in :func:`train` (e.g. ``measure`` returning
+            :func:`task_accuracy` on held-out examples).
 
     Returns:
-        The per-step losses (nats per answer token) and learning rates. The model is left in eval mode.
+        The per-step losses (nats per answer token), learning rates and curve. The model is left in eval mode.
 
     Raises:
         TypeError: if ``task`` is not callable or does not return a :class:`~posenc.data.Task`.
@@ -182,7 +199,7 @@ def train_task(
         _check_length(model, batch.inputs.shape[1], "the task's sequence length")
         return batch.inputs.to(device), batch.targets.to(device), batch.mask.to(device)
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=None, shard=shard)
+    return _fit(model, cfg, next_batch, penalty, seq_len=None, shard=shard, curve_at=curve_at, measure=measure)
 
 
 def batch_rows(batch_size: int, rank: int, world_size: int) -> slice:
@@ -218,7 +235,40 @@ def _check_length(model: nn.Module, length: int, what: str) -> None:
         raise ValueError(f"{what}={length} exceeds the model's max_len={max_len}")
 
 
-def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1)) -> TrainResult:
+def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+    """AdamW's parameter groups: weight decay on matrices only, and the position method's
+    parameters (``model.position``, also inside a ``DistributedDataParallel`` wrapper) at
+    ``cfg.position_lr_mult`` times the learning rate (``"lr_mult"`` of each group).
+
+    Only parameters with ``requires_grad`` are included; empty groups are left out.
+    """
+    inner = getattr(model, "module", model)
+    position = getattr(inner, "position", None)
+    in_position = {id(p) for p in position.parameters()} if isinstance(position, nn.Module) else set()
+    groups = []
+    for is_pos in (False, True):
+        for decay in (True, False):
+            params = [p for p in model.parameters()
+                      if p.requires_grad and (id(p) in in_position) == is_pos and (p.dim() >= 2) == decay]
+            if params:
+                groups.append({"params": params, "weight_decay": cfg.weight_decay if decay else 0.0,
+                               "lr_mult": cfg.position_lr_mult if is_pos else 1.0})
+    return groups
+
+
+def _check_curve(curve_at: Sequence[int], measure, steps: int) -> list[int]:
+    at = sorted(set(curve_at))
+    if at and measure is None:
+        raise ValueError("curve_at needs a measure(model) -> dict to call at those steps")
+    if measure is not None and not callable(measure):
+        raise TypeError(f"measure must be callable, got {type(measure).__name__}")
+    bad = [s for s in at if not (isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= steps)]
+    if bad:
+        raise ValueError(f"curve_at must hold steps in 1..{steps}, got {bad}")
+    return at
+
+
+def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1), curve_at=(), measure=None) -> TrainResult:
     """The optimisation loop shared by :func:`train` and :func:`train_task`.
 
     With ``shard = (rank, world_size)``, ``world_size > 1``, every process draws the same global
@@ -236,22 +286,19 @@ def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1)) -> TrainResult:
         _check_length(model, seq_len, "cfg.seq_len")
     if penalty is not None and not callable(penalty):
         raise TypeError(f"penalty must be a callable returning a scalar tensor, or None, got {type(penalty).__name__}")
+    at = _check_curve(curve_at, measure, cfg.steps)
     device = _device_of(model)
     generator = torch.Generator().manual_seed(cfg.seed)
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=cfg.betas,
-    )
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas)
     result = TrainResult()
     model.train()
     start = time.perf_counter()
+    measuring = 0.0
     bar = tqdm(range(cfg.steps), disable=not cfg.progress, desc="train", leave=False)
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_mult"]
         x, y, mask = next_batch(generator, device)
         if world_size > 1:
             scored = y.numel() if mask is None else int(mask.sum())  # N, over the whole batch
@@ -273,7 +320,16 @@ def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1)) -> TrainResult:
         result.lrs.append(lr)
         if cfg.progress and step % 10 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
-    result.seconds = time.perf_counter() - start
+        if at and step + 1 == at[0]:
+            at.pop(0)
+            t0 = time.perf_counter()
+            model.eval()
+            with torch.random.fork_rng(devices=[]):  # a measure that draws random numbers leaves training alone
+                point = {"step": step + 1, **measure(model)}
+            result.curve.append(point)
+            model.train()
+            measuring += time.perf_counter() - t0
+    result.seconds = time.perf_counter() - start - measuring
     model.eval()
     return result
 
@@ -293,6 +349,8 @@ class EvalResult:
     seq_len: int  #: window length T
     num_windows: int  #: windows averaged
     loss_per_position: Tensor  #: (T,) mean loss (nats) of the prediction made at each position
+    #: (num_windows,) mean loss of each window: the items a bootstrap of the evaluation sample resamples
+    loss_per_window: Optional[Tensor] = None
 
     @property
     def loss(self) -> float:
@@ -302,7 +360,8 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, data: Tensor, seq_len: int, *, num_windows: int = 32, batch_size: int = 16
+    model: nn.Module, data: Tensor, seq_len: int, *, num_windows: int = 32, batch_size: int = 16,
+    span: Optional[int] = None,
 ) -> EvalResult:
     """Loss at every position of ``num_windows`` evenly spaced windows of length ``seq_len``.
 
@@ -312,9 +371,11 @@ def evaluate(
         seq_len: window length ``T``; may exceed the training length (extrapolation).
         num_windows: number of windows averaged (deterministic positions in ``data``).
         batch_size: windows per forward pass.
+        span: place the windows as for length ``span`` (:func:`~posenc.data.eval_windows`), so that
+            evaluations at several lengths up to ``span`` score prefixes of the same windows.
 
     Returns:
-        :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)``.
+        :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)`` and ``loss_per_window``.
 
     Raises:
         ValueError: if ``data`` is too short, or from the model if ``seq_len`` is beyond what its
@@ -325,22 +386,33 @@ def evaluate(
     device = _device_of(model)
     was_training = model.training
     model.eval()
-    x_all, y_all = eval_windows(data, seq_len, num_windows)
+    x_all, y_all = eval_windows(data, seq_len, num_windows, span=span)
     total = torch.zeros(seq_len, dtype=torch.float64)
+    per_window = []
     try:
         for i in range(0, num_windows, batch_size):
             x, y = x_all[i : i + batch_size].to(device), y_all[i : i + batch_size].to(device)
-            total += next_token_loss(model(x), y, reduction="none").sum(0).double().cpu()  # (T,)
+            loss = next_token_loss(model(x), y, reduction="none")  # (b, T)
+            total += loss.sum(0).double().cpu()  # (T,)
+            per_window.append(loss.double().mean(1).cpu())  # (b,)
     finally:
         model.train(was_training)
-    return EvalResult(seq_len=seq_len, num_windows=num_windows, loss_per_position=(total / num_windows).float())
+    return EvalResult(seq_len=seq_len, num_windows=num_windows, loss_per_position=(total / num_windows).float(),
+                      loss_per_window=torch.cat(per_window).float())
 
 
 def evaluate_lengths(
-    model: nn.Module, data: Tensor, lengths: Iterable[int], *, num_windows: int = 32, batch_size: int = 16
+    model: nn.Module, data: Tensor, lengths: Iterable[int], *, num_windows: int = 32, batch_size: int = 16,
+    nested: bool = False,
 ) -> dict[int, EvalResult]:
-    """:func:`evaluate` at each window length in ``lengths`` (e.g. 1x, 2x, 4x the training length)."""
-    return {int(n): evaluate(model, data, int(n), num_windows=num_windows, batch_size=batch_size) for n in lengths}
+    """:func:`evaluate` at each window length in ``lengths`` (e.g. 1x, 2x, 4x the training length).
+
+    With ``nested=True`` every length is scored on prefixes of the same windows (spaced for the
+    longest length), so that a difference between lengths is not a difference of text.
+    """
+    lengths = [int(n) for n in lengths]
+    span = max(lengths) if nested and lengths else None
+    return {n: evaluate(model, data, n, num_windows=num_windows, batch_size=batch_size, span=span) for n in lengths}
 
 
 @dataclass
@@ -351,6 +423,8 @@ class TaskAccuracy:
     token_accuracy: float  #: fraction of answer tokens predicted exactly (greedy, teacher-forced)
     exact_match: float  #: fraction of rows whose every answer token is right
     answer_loss: float  #: mean cross-entropy (nats) on the answer tokens
+    #: 1 for each row whose every answer token is right, else 0, in the order drawn (for a bootstrap)
+    row_exact: tuple[int, ...] = ()
 
 
 @torch.no_grad()
@@ -375,6 +449,7 @@ def task_accuracy(
     generator = torch.Generator().manual_seed(seed)
     right = total = rows_right = 0
     loss_sum = 0.0
+    row_exact: list[int] = []
     try:
         for start in range(0, num_examples, batch_size):
             batch = task(min(batch_size, num_examples - start), generator)
@@ -384,8 +459,9 @@ def task_accuracy(
             right += int((hit & mask).sum())
             total += int(mask.sum())
             rows_right += int(hit.all(-1).sum())
+            row_exact += hit.all(-1).int().tolist()
             loss_sum += float(next_token_loss(logits, y, reduction="none")[mask].sum())
     finally:
         model.train(was_training)
     return TaskAccuracy(num_examples=num_examples, token_accuracy=right / total,
-                        exact_match=rows_right / num_examples, answer_loss=loss_sum / total)
+                        exact_match=rows_right / num_examples, answer_loss=loss_sum / total, row_exact=tuple(row_exact))

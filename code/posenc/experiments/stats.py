@@ -1,0 +1,293 @@
+"""The statistics every comparison in the book uses: intervals over seeds, the uncertainty of the
+evaluation sample, and the one test behind the word "separated".
+
+Two sources of variation are reported apart, because they answer different questions:
+
+* **Seeds** (training variation: initialisation and data order). A method's score is the mean over
+  its seeds with a 95 % Student-t interval (:func:`seed_interval`): where would the mean of many
+  more training runs fall?
+* **The evaluation sample** (which windows or examples were scored). For one trained model, a 95 %
+  percentile bootstrap over the scored items (:func:`bootstrap_interval`): how much would the score
+  move on other text of the same kind? Averaged over a method's seeds (:func:`eval_half_width`).
+
+**Separated** means one thing everywhere: the 95 % Welch interval of the difference of two methods'
+seed means excludes zero (:func:`difference`; two-sided, a 5 % false-positive rate per
+comparison when the methods do not differ). Paired by seed where the seeds share their data
+order and evaluation items (``paired=True``). "Not separated" says the data cannot tell the
+methods apart at this number of seeds; it never says they are equal. A conclusion that rests on a
+margin smaller than twice the seed spread needs at least 5 seeds (:func:`needs_more_seeds`).
+
+No SciPy: the t distribution comes from the regularized incomplete beta function
+(:func:`t_cdf`, :func:`t_quantile`), checked against tabulated quantiles in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+#: The confidence level of every interval the book reports.
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean and a two-sided interval around it."""
+
+    mean: float  #: the point estimate
+    low: float  #: lower end of the interval
+    high: float  #: upper end
+    n: int  #: values (seeds or items) it rests on
+    method: str  #: how the interval was made, e.g. "t, 3 seeds" or "bootstrap, 256 windows"
+
+    @property
+    def half_width(self) -> float:
+        """Half the width of the interval (the ``±`` of ``mean ± half_width`` for a symmetric one)."""
+        return (self.high - self.low) / 2
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4g} [{self.low:.4g}, {self.high:.4g}]"
+
+
+@dataclass(frozen=True)
+class Difference:
+    """``mean(a) - mean(b)`` with its interval and the test behind it."""
+
+    mean: float  #: difference of the means
+    low: float  #: lower end of the 95 % interval
+    high: float  #: upper end
+    p: float  #: two-sided p-value of "no difference"
+    df: float  #: degrees of freedom of the t statistic (Welch's, or n - 1 paired)
+    test: str  #: "Welch t" or "paired t"
+
+    @property
+    def separated(self) -> bool:
+        """Whether the interval excludes zero (the book's "separated")."""
+        return self.low > 0 or self.high < 0
+
+
+def _check_values(values: Sequence[float], name: str, at_least: int) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of numbers, got {values!r}") from None
+    if len(out) < at_least:
+        raise ValueError(f"{name} needs at least {at_least} values, got {len(out)}")
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{name} must be finite, got {out}")
+    return out
+
+
+def _check_level(level: float) -> None:
+    if not (isinstance(level, float) and 0 < level < 1):
+        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
+
+
+# ----------------------------------------------------------------- the t distribution
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz's method)."""
+    tiny, eps = 1e-300, 1e-15
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta function ``I_x(a, b)``."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1) / (a + b + 2):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """``P(T <= t)`` for Student's t with ``df`` degrees of freedom (``df`` may be fractional, as Welch's is).
+
+    Raises:
+        ValueError: if ``df <= 0``.
+    """
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df!r}")
+    if math.isinf(t):
+        return 1.0 if t > 0 else 0.0
+    tail = 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`t_cdf`).
+
+    Raises:
+        ValueError: if ``p`` is not in (0, 1) or ``df <= 0``.
+    """
+    if not 0 < p < 1:
+        raise ValueError(f"p must be in (0, 1), got {p!r}")
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2
+
+
+# ----------------------------------------------------------------- intervals
+
+
+def seed_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Mean over seeds with its Student-t interval: ``mean ± t_{(1+level)/2, n-1} · s / √n``.
+
+    Args:
+        values: one score per seed (at least 2).
+        level: confidence level (0.95).
+
+    Raises:
+        ValueError: fewer than 2 values, non-finite values, a level outside (0, 1).
+    """
+    v = _check_values(values, "values", 2)
+    _check_level(level)
+    n = len(v)
+    mean = math.fsum(v) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in v) / (n - 1))
+    half = t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n, f"t, {n} seeds")
+
+
+def bootstrap_interval(items: Sequence[float], level: float = LEVEL, *, resamples: int = 2000,
+                       seed: int = 0) -> Interval:
+    """Mean over evaluation items (windows, examples) with a percentile bootstrap interval.
+
+    The items are resampled with replacement ``resamples`` times (a seeded generator, so the
+    interval is reproducible); the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2``
+    quantiles of the resampled means.
+
+    Args:
+        items: one score per scored item of one trained model (e.g. the loss of each window, or 0/1
+            per passkey example); at least 2.
+        level: confidence level.
+        resamples: bootstrap resamples.
+        seed: seed of the resampling.
+
+    Raises:
+        ValueError: fewer than 2 items, non-finite items, a bad level or resample count.
+    """
+    v = _check_values(items, "items", 2)
+    _check_level(level)
+    if not isinstance(resamples, int) or resamples < 100:
+        raise ValueError(f"resamples must be an int >= 100, got {resamples!r}")
+    n = len(v)
+    rng = random.Random(seed)
+    means = sorted(math.fsum(rng.choices(v, k=n)) / n for _ in range(resamples))
+    lo_i = int(math.floor((1 - level) / 2 * (resamples - 1)))
+    hi_i = int(math.ceil((1 + level) / 2 * (resamples - 1)))
+    return Interval(math.fsum(v) / n, means[lo_i], means[hi_i], n, f"bootstrap, {n} items")
+
+
+def eval_half_width(per_seed_items: Sequence[Sequence[float]], level: float = LEVEL, *, resamples: int = 2000) -> float:
+    """The evaluation-sample uncertainty of a method: the mean over its seeds of each seed's
+    bootstrap half-width (:func:`bootstrap_interval` over that seed's scored items).
+
+    Raises:
+        ValueError: no seeds, or a seed with fewer than 2 items.
+    """
+    if not per_seed_items:
+        raise ValueError("per_seed_items needs at least one seed's items")
+    widths = [bootstrap_interval(items, level, resamples=resamples, seed=i).half_width
+              for i, items in enumerate(per_seed_items)]
+    return math.fsum(widths) / len(widths)
+
+
+def difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL, *, paired: bool = False) -> Difference:
+    """``mean(a) - mean(b)`` over seeds, with a two-sided interval and p-value.
+
+    Unpaired (the default): Welch's t, which does not assume equal variances, with
+    Welch-Satterthwaite degrees of freedom. Paired (``a[i]`` and ``b[i]`` share seed ``i``'s data
+    order and evaluation items): a one-sample t on the differences.
+
+    Args:
+        a, b: one score per seed for each method (at least 2 each; equal lengths when paired).
+        level: confidence level.
+        paired: use the paired test.
+
+    Raises:
+        ValueError: too few values, unequal lengths when paired, a bad level.
+    """
+    x, y = _check_values(a, "a", 2), _check_values(b, "b", 2)
+    _check_level(level)
+    q = (1 + level) / 2
+    if paired:
+        if len(x) != len(y):
+            raise ValueError(f"paired values need equal lengths, got {len(x)} and {len(y)}")
+        d = [u - v for u, v in zip(x, y)]
+        n = len(d)
+        mean = math.fsum(d) / n
+        sd = math.sqrt(math.fsum((u - mean) ** 2 for u in d) / (n - 1))
+        se, df, test = sd / math.sqrt(n), float(n - 1), "paired t"
+    else:
+        mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+        vx = math.fsum((u - mx) ** 2 for u in x) / (len(x) - 1) / len(x)
+        vy = math.fsum((u - my) ** 2 for u in y) / (len(y) - 1) / len(y)
+        mean, se, test = mx - my, math.sqrt(vx + vy), "Welch t"
+        df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1)) if vx + vy > 0 else float(len(x) + len(y) - 2)
+    if se == 0:
+        p = 1.0 if mean == 0 else 0.0
+        return Difference(mean, mean, mean, p, df, test)
+    half = t_quantile(q, df) * se
+    p = 2 * (1 - t_cdf(abs(mean) / se, df))
+    return Difference(mean, mean - half, mean + half, p, df, test)
+
+
+def needs_more_seeds(a: Sequence[float], b: Sequence[float], *, at_least: int = 5) -> bool:
+    """The protocol's rule: a conclusion from ``a`` against ``b`` needs ``at_least`` seeds when the
+    margin ``|mean(a) - mean(b)|`` is under twice the larger seed standard deviation, and either has
+    fewer seeds than that.
+
+    Raises:
+        ValueError: fewer than 2 values in either.
+    """
+    x, y = _check_values(a, "a", 2), _check_values(b, "b", 2)
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    sx = math.sqrt(math.fsum((u - mx) ** 2 for u in x) / (len(x) - 1))
+    sy = math.sqrt(math.fsum((u - my) ** 2 for u in y) / (len(y) - 1))
+    return abs(mx - my) < 2 * max(sx, sy) and min(len(x), len(y)) < at_least
+
+
+def describe(values: Sequence[float], items: Optional[Sequence[Sequence[float]]] = None, digits: int = 3) -> str:
+    """``"mean [low, high]"`` over seeds, and ``"± e (eval)"`` when the per-seed items are given: the
+    form the book's tables print."""
+    iv = seed_interval(values)
+    text = f"{iv.mean:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
+    if items is not None:
+        text += f" ± {eval_half_width(items):.{digits}f}"
+    return text

@@ -1,0 +1,128 @@
+"""Tests of posenc.experiments.stats: the t distribution against tables and SymPy, the intervals'
+formulas and coverage, Welch's and the paired difference, and the rules the protocol states."""
+
+import math
+import random
+
+import pytest
+
+from posenc.experiments.stats import (
+    bootstrap_interval,
+    describe,
+    difference,
+    eval_half_width,
+    needs_more_seeds,
+    seed_interval,
+    t_cdf,
+    t_quantile,
+)
+
+# two-sided 95 % critical values of Student's t (any statistics table)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 19: 2.093, 30: 2.042, 120: 1.980}
+
+
+@pytest.mark.parametrize("df,value", sorted(T975.items()))
+def test_t_quantile_matches_the_table(df, value):
+    assert t_quantile(0.975, df) == pytest.approx(value, abs=5e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-value, abs=5e-4)
+
+
+def test_t_cdf_matches_sympy_at_fractional_degrees_of_freedom():
+    from sympy import Rational, N
+    from sympy.stats import StudentT, cdf
+
+    for df, t in [(Rational(7, 2), 1.3), (Rational(5, 1), -2.1), (Rational(23, 10), 0.4)]:
+        exact = float(N(cdf(StudentT("T", df))(t), 15))
+        assert t_cdf(t, float(df)) == pytest.approx(exact, abs=1e-10)
+
+
+def test_t_cdf_tends_to_the_normal():
+    normal = 0.5 * (1 + math.erf(1.5 / math.sqrt(2)))
+    assert t_cdf(1.5, 1e6) == pytest.approx(normal, abs=1e-6)
+    assert t_cdf(0.0, 3) == 0.5 and t_cdf(math.inf, 3) == 1.0
+
+
+def test_seed_interval_is_mean_plus_minus_t_times_standard_error():
+    values = [2.10, 2.14, 2.12]
+    iv = seed_interval(values)
+    sd = math.sqrt(sum((v - 2.12) ** 2 for v in values) / 2)
+    assert iv.mean == pytest.approx(2.12)
+    assert iv.half_width == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    assert iv.n == 3 and iv.method == "t, 3 seeds"
+
+
+def test_seed_interval_covers_the_true_mean_95_percent_of_the_time():
+    rng = random.Random(1)
+    hits = 0
+    for _ in range(4000):
+        iv = seed_interval([rng.gauss(1.0, 0.3) for _ in range(3)])
+        hits += iv.low <= 1.0 <= iv.high
+    assert 0.94 < hits / 4000 < 0.96
+
+
+def test_bootstrap_interval_is_reproducible_and_near_the_normal_interval():
+    rng = random.Random(2)
+    items = [rng.gauss(2.0, 0.5) for _ in range(400)]
+    a, b = bootstrap_interval(items, seed=3), bootstrap_interval(items, seed=3)
+    assert a == b
+    se = math.sqrt(sum((v - a.mean) ** 2 for v in items) / 399 / 400)
+    assert a.half_width == pytest.approx(1.96 * se, rel=0.1)
+    assert a.low < a.mean < a.high and a.method == "bootstrap, 400 items"
+
+
+def test_eval_half_width_averages_the_seeds_bootstrap_half_widths():
+    rng = random.Random(4)
+    seeds = [[rng.gauss(0, 1) for _ in range(200)], [rng.gauss(0, 2) for _ in range(200)]]
+    expected = (bootstrap_interval(seeds[0], seed=0).half_width + bootstrap_interval(seeds[1], seed=1).half_width) / 2
+    assert eval_half_width(seeds) == pytest.approx(expected)
+
+
+def test_welch_difference_by_hand():
+    a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0, 10.0]
+    d = difference(a, b)
+    va, vb = (5 / 3) / 4, 10.0 / 5  # sample variances over n
+    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 4)
+    assert d.mean == pytest.approx(2.5 - 6.0)
+    assert d.df == pytest.approx(df)
+    assert (d.high - d.low) / 2 == pytest.approx(t_quantile(0.975, df) * math.sqrt(va + vb))
+    assert d.p == pytest.approx(2 * (1 - t_cdf(3.5 / math.sqrt(va + vb), df)))
+    assert d.test == "Welch t" and not d.separated  # p = 0.069: a mean difference of 3.5 on 4 and 5 values
+
+
+def test_paired_difference_uses_the_per_seed_differences():
+    a, b = [2.00, 2.10, 2.30], [2.05, 2.16, 2.34]  # b is higher for every seed, by about 0.05
+    paired, welch = difference(a, b, paired=True), difference(a, b)
+    assert paired.test == "paired t" and paired.df == 2
+    assert paired.separated and not welch.separated  # pairing removes the seed-to-seed spread
+
+
+def test_not_separated_when_the_interval_contains_zero():
+    d = difference([1.0, 1.2, 0.9], [1.1, 0.95, 1.05])
+    assert d.low < 0 < d.high and not d.separated and d.p > 0.05
+
+
+def test_needs_more_seeds_below_twice_the_spread():
+    assert needs_more_seeds([1.0, 1.1, 1.2], [1.05, 1.15, 1.25])
+    assert not needs_more_seeds([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    assert not needs_more_seeds([1.0, 1.1, 1.2, 1.0, 1.1], [1.05, 1.15, 1.25, 1.05, 1.15])  # already 5 seeds
+
+
+def test_describe_formats_the_interval_and_the_evaluation_uncertainty():
+    text = describe([2.10, 2.14, 2.12], [[2.0, 2.2] * 10] * 3)
+    assert text.startswith("2.120 [2.070, 2.170] ± ")
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: seed_interval([1.0]), "at least 2"),
+    (lambda: seed_interval([1.0, float("nan")]), "finite"),
+    (lambda: seed_interval(["a", "b"]), "sequence of numbers"),
+    (lambda: seed_interval([1.0, 2.0], level=95), "level"),
+    (lambda: bootstrap_interval([1.0, 2.0], resamples=10), "resamples"),
+    (lambda: difference([1.0, 2.0], [1.0, 2.0, 3.0], paired=True), "equal lengths"),
+    (lambda: t_quantile(1.5, 3), "p must be"),
+    (lambda: t_cdf(1.0, 0), "df must be"),
+    (lambda: eval_half_width([]), "at least one seed"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
