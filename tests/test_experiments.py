@@ -142,3 +142,94 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
     for r in data["records"]:
         assert r["commit"] and r["torch"] and r["machine"] and r["seconds"] > 0
         assert r["steps"] == steps[r["setting"]]
+
+
+# --- the experiments protocol ----------------------------------------------------------------------
+
+
+def tiny_protocol_study(**kw) -> Study:
+    return dataclasses.replace(
+        tiny_study(protocol=True, grid=(1.0, 10.0), tuning_seed=9, curve_points=2, curve_windows=2, curve_examples=4, **kw),
+        arms=(Arm("nope", "nope"), Arm("learned", "learned"), Arm("sinusoidal", "sinusoidal")))
+
+
+def test_the_knob_is_the_position_step_size_or_the_code_scale_or_nothing():
+    from posenc.experiments.compare import arm_grid, arm_knob
+
+    study = tiny_protocol_study()
+    assert [arm_knob(study, a) for a in ("nope", "learned", "sinusoidal")] == [None, "position_lr", "code_scale"]
+    assert arm_grid(study, "nope") == (1.0,) and arm_grid(study, "learned") == (1.0, 10.0)
+    assert arm_knob(study, Arm("x", "learned", knob=None)) is None
+
+
+def test_a_protocol_cell_applies_its_multiplier_and_records_curve_and_items():
+    study = tiny_protocol_study()
+    r1 = run_cell(study, "sinusoidal", 0, "lm")
+    r10, model = run_cell(study, "sinusoidal", 0, "lm", mult=10.0, return_model=True)
+    from posenc.method import build_method
+    assert model.position.scale == pytest.approx(10 * build_method("sinusoidal", study.model).scale)
+    assert r10["knob"] == "code_scale" and r10["mult"] == 10.0 and r1["val_loss"] != r10["val_loss"]
+    assert [p["step"] for p in r1["curve"]] == [2, 3] and len(r1["loss_per_window"]) == study.eval_windows
+    copy = run_cell(study, "learned", 0, "copy", mult=10.0)
+    assert len(copy["row_exact"]) == study.eval_examples and set(copy["row_exact"]) <= {"0", "1"}
+    assert copy["row_exact"].count("1") / study.eval_examples == copy["exact_match"]
+    assert {"token_accuracy", "exact_match", "answer_loss"} <= copy["curve"][-1].keys()
+    with pytest.raises(ValueError, match="has no knob to tune, so mult must be 1"):
+        run_cell(study, "nope", 0, "lm", mult=3.0)
+    with pytest.raises(ValueError, match="mult must be a number > 0"):
+        run_cell(study, "nope", 0, "lm", mult=0)
+
+
+def test_a_protocol_study_tunes_on_its_own_seed_then_runs_every_seed_at_the_choice_and_at_1(tmp_path):
+    from posenc.experiments.compare import chosen_mult, select
+
+    study, out = tiny_protocol_study(), tmp_path / "p.json"
+    logs = []
+    run_study(study, out, settings=["lm"], log=logs.append, poll_seconds=0.01)
+    records = load_records(out)["records"]
+    tuning = select(records, study, "tuning")
+    assert sorted((r["arm"], r["mult"]) for r in tuning) == [("learned", 1.0), ("learned", 10.0),
+                                                            ("sinusoidal", 1.0), ("sinusoidal", 10.0)]
+    for arm in ("learned", "sinusoidal"):
+        best = min(tuning, key=lambda r: r["val_loss"] if r["arm"] == arm else math.inf)
+        assert chosen_mult(records, study, arm, "lm") == best["mult"]
+    tuned, untuned = select(records, study, "tuned"), select(records, study, "untuned")
+    assert sorted((r["arm"], r["seed"]) for r in tuned) == sorted((a, s) for a in ("nope", "learned", "sinusoidal") for s in (0, 1))
+    assert all(r["mult"] == 1.0 for r in untuned) and len(untuned) == 6
+    meta = load_records(out)["meta"]["protocol"]
+    assert meta["tuning_seed"] == 9 and meta["chosen"]["nope / lm"] == 1.0
+    assert set(meta["chosen"]) == {"nope / lm", "learned / lm", "sinusoidal / lm"}
+
+
+def test_a_shard_waits_for_the_other_shards_tuning_runs(tmp_path, monkeypatch):
+    import posenc.experiments.compare as compare
+
+    study, out = tiny_protocol_study(), tmp_path / "p.json"
+    logs, sleeps = [], []
+
+    def sleep(seconds):  # while shard 0 waits, "shard 1" stores its tuning runs
+        sleeps.append(seconds)
+        run_study(study, out, settings=["lm"], shard=(1, 2), log=lambda *a: None, poll_seconds=0.01)
+
+    monkeypatch.setattr(compare.time, "sleep", sleep)
+    run_study(study, out, settings=["lm"], shard=(0, 2), log=logs.append, poll_seconds=0.01)
+    assert sleeps and any("waiting for" in line for line in logs)
+
+
+def test_protocol_studies_are_the_legacy_arms_at_the_protocols_budgets():
+    from posenc.experiments.compare import PROTOCOL_LM_STEPS, PROTOCOL_STUDIES, arm_grid
+
+    for name, study in PROTOCOL_STUDIES.items():
+        assert study.protocol and study.lm.steps == PROTOCOL_LM_STEPS and study.copy_long is None
+        assert [a.label for a in study.arms] == [a.label for a in STUDIES[name].arms]
+        assert study.tuning_seed not in study.seeds and len(study.seeds) >= 3
+        assert str(study.out_path()).endswith(f"results/protocol/{name}.json")
+        for arm in study.arms:  # every multiplier builds a valid method
+            for mult in arm_grid(study, arm):
+                small = dataclasses.replace(study, model=LMConfig(d_model=16, n_layer=1, n_head=2, max_len=64),
+                                            lm=dataclasses.replace(study.lm, seq_len=16, batch_size=2),
+                                            copy_length=4, eval_windows=2, eval_examples=4, curve_points=1,
+                                            curve_windows=2)
+                run_cell(small, arm, 0, "lm", steps=1, mult=mult)
+    # the copy task sits clear of Shaw's clip (16) and T5's exact buckets
+    assert PROTOCOL_STUDIES["methods"].copy_length < 16

@@ -14,4 +14,11 @@ runs in one process or, under ``torchrun``, on several processes and machines
 (:mod:`posenc.experiments.distributed`). Both runners store their records with
 :mod:`posenc.experiments.records` (provenance, locked appends, resume);
 :mod:`posenc.experiments.options` turns a configuration dataclass into command-line options.
+
+The experiments protocol (the book's "How the experiments work"): :mod:`posenc.experiments.budget`
+measures how many steps the studies' model needs; ``compare``'s protocol studies
+(``--protocol``, :data:`~posenc.experiments.compare.PROTOCOL_STUDIES`) tune each method's one
+knob on a seed of its own, record learning curves and per-item scores, and are summarised with
+:mod:`posenc.experiments.stats` (intervals over seeds, the evaluation-sample bootstrap, and the
+one meaning of "separated").
 """

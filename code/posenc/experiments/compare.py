@@ -51,6 +51,15 @@ from posenc.train import TrainConfig, evaluate, task_accuracy, train, train_task
 SETTINGS = ("lm", "copy", "copy-long")
 
 
+#: What the protocol tunes per method (the book's "How the experiments work"): the step size of the
+#: position method's parameters (a multiplier of their learning rate) or, for a method with no
+#: parameters, the scale of its fixed code (a multiplier of its ``scale``).
+KNOBS = ("position_lr", "code_scale")
+
+#: The multipliers every tuned method is tried at (the same small search for every method).
+GRID = (1.0, 3.0, 10.0, 30.0)
+
+
 @dataclass(frozen=True)
 class Arm:
     """One compared configuration: a label and the position method it builds."""
@@ -60,10 +69,24 @@ class Arm:
     build: Optional[Callable[[LMConfig], PositionMethod]] = None  #: custom builder; ``None`` uses ``method``
     #: builds the regulariser from the freshly built model; returns the ``penalty`` of :func:`~posenc.train.train`
     penalty: Optional[Callable[[TinyLM], Callable[[], torch.Tensor]]] = None
+    #: what a protocol study tunes for this arm: a name of :data:`KNOBS`, ``None`` for nothing, or
+    #: ``"auto"``: ``"position_lr"`` if the method has parameters, else ``"code_scale"`` if it has a
+    #: ``scale``, else nothing (NoPE, RoPE, ALiBi)
+    knob: Optional[str] = "auto"
+    grid: Optional[tuple[float, ...]] = None  #: this arm's multipliers (``None``: the study's :attr:`Study.grid`)
 
     def make(self, config: LMConfig) -> PositionMethod | str:
         """The method to pass to :class:`~posenc.lm.TinyLM` for ``config``."""
         return self.method if self.build is None else self.build(config)
+
+
+def knob_of(arm: Arm, method: PositionMethod) -> Optional[str]:
+    """The knob the protocol tunes for ``arm``, whose built method is ``method`` (see :attr:`Arm.knob`)."""
+    if arm.knob != "auto":
+        return arm.knob
+    if any(p.requires_grad for p in method.parameters()):
+        return "position_lr"
+    return "code_scale" if isinstance(getattr(method, "scale", None), float) else None
 
 
 @dataclass
@@ -98,6 +121,15 @@ class Study:
     eval_examples: int = 512  #: fresh examples of the copy score
     #: extra measurements of each trained model (both settings), ``measure(model, run) -> dict`` merged into its record
     measure: Optional[Callable[[TinyLM, TrainedRun], dict]] = None
+    #: the experiments protocol (book/results/protocol/): tune each arm's knob over ``grid`` on
+    #: ``tuning_seed``, run every seed at the chosen multiplier and, where it is not 1, at 1 too (the
+    #: untuned sensitivity); record the learning curve and the per-item scores of the evaluation
+    protocol: bool = False
+    grid: tuple[float, ...] = GRID  #: multipliers tried (protocol studies)
+    tuning_seed: int = 100  #: the seed the multiplier is chosen on; never one of the reported seeds
+    curve_points: int = 8  #: measurements along each protocol run (at S/8, 2S/8, ..., S steps)
+    curve_windows: int = 64  #: validation windows of an LM curve point
+    curve_examples: int = 128  #: copy examples of a copy curve point
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -111,6 +143,10 @@ class Study:
         return [(label, seed, setting) for setting in (self.settings if settings is None else settings)
                 for seed in (self.seeds if seeds is None else seeds) for label in labels
                 if setting != "copy-long" or self.copy_long_arms is None or label in self.copy_long_arms]
+
+    def out_path(self) -> Path:
+        """Where the study is stored: ``book/results/NAME.json``, protocol studies in ``book/results/protocol/``."""
+        return RESULTS_DIR / ("protocol" if self.protocol else "") / f"{self.name}.json"
 
     def arm(self, label: str) -> Arm:
         """The arm called ``label``.
@@ -217,8 +253,45 @@ STUDIES: dict[str, Study] = {
 }
 
 
+def _protocol(study: Study, **changes) -> Study:
+    """``study`` under the experiments protocol: its arms and model, the protocol's budgets (chosen
+    from the budget study, book/results/budget.json), a copy task clear of every method's built-in
+    limit, curves, per-item scores and the tuning search."""
+    base = dict(protocol=True, seeds=(0, 1, 2), copy_length=12, copy_long=None, copy_long_arms=None,
+                lm=dataclasses.replace(study.lm, steps=PROTOCOL_LM_STEPS),
+                copy=dataclasses.replace(study.copy, steps=PROTOCOL_COPY_STEPS))
+    return dataclasses.replace(study, **(base | changes))
+
+
+#: The protocol's budgets: LM steps (batches of 16 windows of 128 bytes) and copy-task steps
+#: (batches of 32): where the budget study's curves have flattened (see the protocol section).
+PROTOCOL_LM_STEPS = 4000
+PROTOCOL_COPY_STEPS = 3000
+
+#: The stored studies rerun under the experiments protocol (``--protocol``; book/results/protocol/).
+#: The copy task copies 12 letters: every method resolves that offset exactly (Shaw's clip and
+#: T5's exact buckets end at 16, DeBERTa's span at 32), where the legacy studies' 16 sat on
+#: Shaw's clip.
+PROTOCOL_STUDIES: dict[str, Study] = {name: _protocol(study) for name, study in STUDIES.items()}
+
+
+def _arms_with(study: Study, **by_label: dict) -> tuple[Arm, ...]:
+    """``study``'s arms, with the fields in ``by_label[label]`` replaced for the arms named there."""
+    return tuple(dataclasses.replace(a, **by_label.get(a.label, {})) for a in study.arms)
+
+
+PROTOCOL_STUDIES["methods"] = dataclasses.replace(PROTOCOL_STUDIES["methods"], arms=_arms_with(
+    PROTOCOL_STUDIES["methods"],
+    # its scale is a modulation depth in (0, 1] (0.5 registered): the grid spans 0.125 .. 1
+    multiplicative={"grid": (0.25, 0.5, 1.0, 2.0)}))
+PROTOCOL_STUDIES["naive"] = dataclasses.replace(PROTOCOL_STUDIES["naive"], arms=_arms_with(
+    PROTOCOL_STUDIES["naive"],
+    # chapter 1's raw codes are the point of comparison as they are; the matched ones are tuned
+    **{label: {"knob": None} for label in ("integer, raw", "normalised, raw", "binary, raw")}))
+
+
 def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: str | torch.device = "cpu",
-             steps: Optional[int] = None, return_model: bool = False):
+             steps: Optional[int] = None, return_model: bool = False, mult: float = 1.0):
     """Train one arm with one seed in one setting and return its record.
 
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``,
@@ -235,12 +308,22 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         device: where to train.
         steps: override the number of training steps (a shorter live run).
         return_model: also return the trained model, as ``(record, model)``.
+        mult: the multiplier of the arm's knob (:func:`knob_of`): of the position parameters'
+            learning rate, or of the fixed code's scale; must be 1 for an arm with no knob.
+
+    In a protocol study (:attr:`Study.protocol`) the record also holds ``knob`` and ``mult``, the
+    learning ``curve`` (validation loss, or copy accuracy and answer loss, at
+    :attr:`Study.curve_points` points), and the per-item scores behind a bootstrap of the
+    evaluation sample: ``loss_per_window`` (LM) or ``row_exact`` (copy: a string of 0/1, one per example).
 
     Raises:
-        ValueError: if ``setting`` is not one of the study's :attr:`~Study.settings`.
+        ValueError: if ``setting`` is not one of the study's :attr:`~Study.settings`, or ``mult`` is
+            not a positive number (or not 1 for an arm with no knob).
     """
     if setting not in study.settings:
         raise ValueError(f"setting must be one of {study.settings} for study {study.name!r}, got {setting!r}")
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not mult > 0:
+        raise ValueError(f"mult must be a number > 0, got {mult!r}")
     arm = study.arm(arm) if isinstance(arm, str) else arm
     if setting == "lm":
         model_cfg, cfg = dataclasses.replace(study.model, seed=seed), study.lm
@@ -254,16 +337,31 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         torch.manual_seed(seed)
         method = arm.make(model_cfg)
     model = TinyLM(model_cfg, method).to(device)
+    knob = knob_of(arm, model.position)
+    if knob is None and mult != 1:
+        raise ValueError(f"arm {arm.label!r} has no knob to tune, so mult must be 1, got {mult!r}")
+    if knob == "position_lr":
+        cfg = dataclasses.replace(cfg, position_lr_mult=float(mult))
+    elif knob == "code_scale" and mult != 1:
+        model.position.scale = model.position.scale * float(mult)
     initial_position = {k: v.detach().clone() for k, v in model.position.state_dict().items()}
     penalty = None if arm.penalty is None else arm.penalty(model)
     record: dict = {"arm": arm.label, "method": arm.method, "seed": seed, "setting": setting, "steps": cfg.steps,
                     "position_parameters": sum(p.numel() for p in model.position.parameters())}
+    if study.protocol:
+        record.update(knob=knob, mult=float(mult))
+    curve_at = (sorted({max(1, round(cfg.steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)})
+                if study.protocol else ())
     start = time.perf_counter()
     if setting == "lm":
         corpus = load_stdlib_corpus()
-        history = train(model, corpus.train, cfg, penalty=penalty)
+        measure = (lambda m: {"val_loss": round(evaluate(m, corpus.val, cfg.seq_len, num_windows=study.curve_windows).loss, 5)}
+                   ) if curve_at else None
+        history = train(model, corpus.train, cfg, penalty=penalty, curve_at=curve_at, measure=measure)
         result = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows)
         record["val_loss"] = result.loss
+        if study.protocol:
+            record["loss_per_window"] = [round(x, 5) for x in result.loss_per_window.tolist()]
         record["loss_per_position"] = [round(x, 4) for x in result.loss_per_position.tolist()]
         if study.other_lengths:
             record["val_loss_at"] = {str(n): evaluate(model, corpus.val, n, num_windows=study.eval_windows).loss
@@ -273,12 +371,22 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
             record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, corpus)))
     else:
         task = _copy_sampler(study.copy_length)
-        history = train_task(model, task, cfg, penalty=penalty)
+
+        def measure(m):
+            a = task_accuracy(m, task, num_examples=study.curve_examples)
+            return {"token_accuracy": a.token_accuracy, "exact_match": a.exact_match, "answer_loss": round(a.answer_loss, 5)}
+
+        history = train_task(model, task, cfg, penalty=penalty, curve_at=curve_at, measure=measure if curve_at else None)
         acc = task_accuracy(model, task, num_examples=study.eval_examples)
         record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
+        if study.protocol:
+            record["row_exact"] = "".join(str(v) for v in acc.row_exact)
         if study.measure is not None:
             record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, None)))
     record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
+    if study.protocol:
+        record["curve"] = history.curve
+        record["train_seconds"] = round(history.seconds, 1)
     record["seconds"] = round(time.perf_counter() - start, 1)
     return (record, model) if return_model else record
 
@@ -315,9 +423,66 @@ def _lookup(record: dict, metric: str):
     return value
 
 
+#: The score a protocol study chooses an arm's multiplier by, per setting (lower is better): the
+#: validation loss, or the copy's answer loss (a proper score, still informative once every letter
+#: is copied).
+CRITERIA = {"lm": "val_loss", "copy": "answer_loss", "copy-long": "answer_loss"}
+
+
+def arm_knob(study: Study, arm: Arm | str) -> Optional[str]:
+    """The knob ``study`` tunes for ``arm`` (:func:`knob_of` on the method built for the study's model)."""
+    arm = study.arm(arm) if isinstance(arm, str) else arm
+    if arm.knob != "auto":
+        return arm.knob
+    with torch.random.fork_rng(devices=[]):
+        method = arm.make(study.model)
+        method = TinyLM(study.model, method).position  # a registered name is built by the model
+    return knob_of(arm, method)
+
+
+def arm_grid(study: Study, arm: Arm | str) -> tuple[float, ...]:
+    """The multipliers tried for ``arm``: ``(1.0,)`` without a knob, else the arm's or the study's grid."""
+    arm = study.arm(arm) if isinstance(arm, str) else arm
+    return (1.0,) if arm_knob(study, arm) is None else tuple(float(m) for m in (arm.grid or study.grid))
+
+
+def chosen_mult(records: Sequence[dict], study: Study, arm: str, setting: str) -> Optional[float]:
+    """The multiplier a protocol study chose for ``arm`` in ``setting``: the best :data:`CRITERIA`
+    score over the grid on the tuning seed (ties to the multiplier nearest 1). ``1.0`` for an arm with
+    no knob; ``None`` while the tuning runs are not all stored."""
+    grid = arm_grid(study, arm)
+    if grid == (1.0,):
+        return 1.0
+    tried = {r["mult"]: r for r in records if r["arm"] == arm and r["setting"] == setting
+             and r["seed"] == study.tuning_seed and "mult" in r}
+    if any(m not in tried for m in grid):
+        return None
+    metric = CRITERIA[setting]
+    return min(grid, key=lambda m: (tried[m][metric], abs(math.log(m))))
+
+
+def select(records: Sequence[dict], study: Study, role: str = "tuned") -> list[dict]:
+    """The records of a protocol study in one role: ``"tuned"`` (the reported seeds at each arm's
+    chosen multiplier), ``"untuned"`` (the reported seeds at multiplier 1, the sensitivity) or
+    ``"tuning"`` (the tuning seed at every multiplier).
+
+    Raises:
+        ValueError: for another role.
+    """
+    if role not in ("tuned", "untuned", "tuning"):
+        raise ValueError(f"role must be 'tuned', 'untuned' or 'tuning', got {role!r}")
+    if role == "tuning":
+        return [r for r in records if r["seed"] == study.tuning_seed]
+    chosen = {(r["arm"], r["setting"]): 1.0 for r in records}
+    if role == "tuned":
+        chosen = {key: chosen_mult(records, study, *key) for key in chosen}
+    return [r for r in records if r["seed"] != study.tuning_seed and r.get("mult", 1.0) == chosen[r["arm"], r["setting"]]]
+
+
 def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = None,
               seeds: Optional[Sequence[int]] = None, settings: Optional[Sequence[str]] = None,
-              shard: tuple[int, int] = (0, 1), device: str = "cpu", command: str = "", log=print) -> dict:
+              shard: tuple[int, int] = (0, 1), device: str = "cpu", command: str = "", log=print,
+              poll_seconds: float = 30.0) -> dict:
     """Run every missing cell of ``study`` (or of the chosen arms, seeds and settings) into ``out``.
 
     Cells are dealt round-robin to ``shard = (index, count)`` so that several processes can share
@@ -325,6 +490,11 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     run loses at most the cell in progress. ``settings`` defaults to all of the study's; ``command``
     (the invocation) is stored in each record, while the file's ``meta.command`` is the command that
     rebuilds the whole study.
+
+    A protocol study (:attr:`Study.protocol`) runs in two phases: first the tuning seed at every
+    multiplier of each arm's grid (:func:`arm_grid`); once all of those are stored (a shard that
+    finishes its share waits, polling every ``poll_seconds``), every reported seed at the chosen
+    multiplier (:func:`chosen_mult`) and, where that is not 1, at 1 as well.
 
     Returns:
         The stored study after this run.
@@ -337,26 +507,47 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     for setting in settings:
         if setting not in study.settings:
             raise ValueError(f"settings must be among {study.settings} for study {study.name!r}, got {setting!r}")
-    grid = study.cells(labels, seeds, settings)
-    mine = grid[shard[0]::shard[1]]
     origin = provenance(device)  # read once, before training: the code this process imported
-    for i, (label, seed, setting) in enumerate(mine):
-        if (label, seed, setting) in finished_keys(out, _cell_key):
-            continue
-        record = run_cell(study, label, seed, setting, device=device)
-        append_records(out, [stamp(record, origin, command)], _cell_key, lambda records: _meta(study, records))
-        score = record.get("val_loss", record.get("token_accuracy"))
-        log(f"[{i + 1}/{len(mine)}] {setting:4s} {label:32s} seed {seed}: {score:.4f} ({record['seconds']:.0f} s)")
+
+    def run(cells: list[tuple[str, int, str, float]], phase: str) -> None:
+        mine = cells[shard[0]::shard[1]]
+        for i, (label, seed, setting, mult) in enumerate(mine):
+            if (label, seed, setting, mult) in finished_keys(out, _cell_key):
+                continue
+            record = run_cell(study, label, seed, setting, device=device, mult=mult)
+            append_records(out, [stamp(record, origin, command)], _cell_key, lambda records: _meta(study, records))
+            score = record.get("val_loss", record.get("token_accuracy"))
+            log(f"[{phase} {i + 1}/{len(mine)}] {setting:4s} {label:32s} seed {seed} x{mult:g}: {score:.4f} "
+                f"({record['seconds']:.0f} s)")
+
+    if not study.protocol:
+        run([(label, seed, setting, 1.0) for label, seed, setting in study.cells(labels, seeds, settings)], "cell")
+        return load_records(out)
+    grids = {label: arm_grid(study, label) for label in labels}
+    tuning = [(label, study.tuning_seed, setting, m) for setting in settings for label in labels
+              if grids[label] != (1.0,) for m in grids[label]]
+    run(tuning, "tune")
+    while True:  # every shard needs every arm's choice
+        records = load_records(out)["records"] if out.exists() else []
+        chosen = {(label, setting): chosen_mult(records, study, label, setting) for label in labels for setting in settings}
+        if all(v is not None for v in chosen.values()):
+            break
+        log(f"waiting for {sum(v is None for v in chosen.values())} arms' tuning runs from other shards")
+        time.sleep(poll_seconds)
+    main = [(label, seed, setting, m) for label, seed, setting in study.cells(labels, seeds, settings)
+            for m in sorted({chosen[label, setting], 1.0})]
+    run(main, "main")
     return load_records(out)
 
 
-def _cell_key(record: dict) -> tuple[str, int, str]:
-    return record["arm"], record["seed"], record["setting"]
+def _cell_key(record: dict) -> tuple[str, int, str, float]:
+    return record["arm"], record["seed"], record["setting"], record.get("mult", 1.0)
 
 
 def _meta(study: Study, records: list[dict]) -> dict:
-    return {
-        "study": study.name, "command": f"python -m posenc.experiments.compare {study.name}",
+    meta = {
+        "study": study.name,
+        "command": f"python -m posenc.experiments.compare {study.name}" + (" --protocol" if study.protocol else ""),
         "model": dataclasses.asdict(study.model), "lm": dataclasses.asdict(study.lm),
         "copy": dataclasses.asdict(study.copy), "copy_length": study.copy_length,
         **({"copy_long": dataclasses.asdict(study.copy_long)} if study.copy_long is not None else {}),
@@ -367,11 +558,24 @@ def _meta(study: Study, records: list[dict]) -> dict:
                 "command, commit, torch version, machine and wall time of its own run (records made before "
                 "the command was stored per record have no 'command').",
     }
+    if study.protocol:
+        arms = sorted({r["arm"] for r in records})
+        meta["protocol"] = {
+            "grid": list(study.grid), "tuning_seed": study.tuning_seed, "criteria": CRITERIA,
+            "curve_points": study.curve_points, "curve_windows": study.curve_windows,
+            "curve_examples": study.curve_examples, "evaluation": "the same validation windows and copy examples "
+            "for every arm and seed (evenly spaced windows; examples drawn from seed 12345)",
+            "chosen": {f"{a} / {s}": chosen_mult(records, study, a, s) for a in arms for s in study.settings
+                       if any(r["arm"] == a and r["setting"] == s for r in records)},
+        }
+    return meta
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posenc.experiments.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("--protocol", action="store_true",
+                        help="the study under the experiments protocol (PROTOCOL_STUDIES; book/results/protocol/)")
     parser.add_argument("--arms", nargs="+", help="arm labels (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the study's)")
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, help="settings (default: all of the study's)")
@@ -384,8 +588,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not 0 <= index < count:
         parser.error(f"--shard must be INDEX/COUNT with 0 <= INDEX < COUNT, got {args.shard}")
     torch.set_num_threads(args.threads)
-    study = STUDIES[args.study]
-    out = args.out or RESULTS_DIR / f"{study.name}.json"
+    study = (PROTOCOL_STUDIES if args.protocol else STUDIES)[args.study]
+    out = args.out or study.out_path()
     command = shlex.join(["python", "-m", "posenc.experiments.compare", *(argv if argv is not None else sys.argv[1:])])
     run_study(study, out, arms=args.arms, seeds=args.seeds, settings=args.settings, shard=(index, count),
               device=args.device, command=command)
