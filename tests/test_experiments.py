@@ -233,3 +233,10 @@ def test_protocol_studies_are_the_legacy_arms_at_the_protocols_budgets():
                 run_cell(small, arm, 0, "lm", steps=1, mult=mult)
     # the copy task sits clear of Shaw's clip (16) and T5's exact buckets
     assert PROTOCOL_STUDIES["methods"].copy_length < 16
+
+
+def test_a_live_check_reproduces_a_stored_curve_point_from_the_first_steps():
+    study = tiny_protocol_study()
+    full = run_cell(study, "learned", 0, "lm", mult=10.0)
+    part = run_cell(study, "learned", 0, "lm", mult=10.0, stop_after=2)
+    assert part["curve"] == full["curve"][:1] and part["stopped_after"] == 2

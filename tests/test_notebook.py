@@ -114,3 +114,24 @@ def test_stored_study_reads_the_file_or_says_how_to_make_it(tmp_path):
     assert stored_study("x", root=str(tmp_path)) == {"meta": {}, "records": []}
     with pytest.raises(FileNotFoundError, match="python -m posenc.experiments.compare y"):
         stored_study("y", root=str(tmp_path))
+
+
+def test_protocol_summary_table_and_separation():
+    from posenc.experiments.compare import Arm, Study
+    from posenc.notebook import protocol_separated, protocol_summary, protocol_table
+
+    study = Study("t", (Arm("a", "nope"), Arm("b", "learned")), seeds=(0, 1, 2), protocol=True, tuning_seed=9,
+                  grid=(1.0, 10.0))
+    recs = [{"arm": "a", "setting": "lm", "seed": s, "mult": 1.0, "val_loss": 2.0 + 0.01 * s,
+             "loss_per_window": [2.0 + 0.01 * s + d for d in (-0.1, 0.1)]} for s in (0, 1, 2)]
+    recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s,
+              "loss_per_window": [v, v]} for s in (0, 1, 2) for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    recs += [{"arm": "b", "setting": "lm", "seed": 9, "mult": m, "val_loss": v} for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    tuned = protocol_summary(recs, study, "val_loss", "lm")
+    untuned = protocol_summary(recs, study, "val_loss", "lm", role="untuned")
+    assert tuned["b"]["mult"] == 10.0 and untuned["b"]["mult"] == 1.0
+    assert tuned["b"]["values"] == [1.5, 1.51, 1.52] and tuned["a"]["n"] == 3
+    assert tuned["a"]["low"] < tuned["a"]["mean"] < tuned["a"]["high"] and tuned["a"]["eval"] > 0
+    assert protocol_separated(tuned["a"], tuned["b"])
+    text = protocol_table({"loss": tuned}, ["a", "b"]).data
+    assert "| a | 2.010 [" in text and "] ± " in text

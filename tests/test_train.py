@@ -507,3 +507,13 @@ def test_task_accuracy_records_each_rows_exact_match():
     blind = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=12), "nope")
     acc = task_accuracy(blind, _copy(6), num_examples=40)
     assert len(acc.row_exact) == 40 and sum(acc.row_exact) / 40 == acc.exact_match
+
+
+def test_stop_after_is_exactly_the_first_steps_of_the_longer_run():
+    data, cfg = random_bytes(), quick_cfg(steps=8)
+    measure = lambda m: {"val_loss": evaluate(m, data, 16, num_windows=4).loss}  # noqa: E731
+    full = train(tiny_lm("learned"), data, cfg, curve_at=[3, 8], measure=measure)
+    part = train(tiny_lm("learned"), data, cfg, curve_at=[3, 8], measure=measure, stop_after=3)
+    assert part.losses == full.losses[:3] and part.curve == full.curve[:1] and len(part.lrs) == 3
+    with pytest.raises(ValueError, match="stop_after must be an int in 1..8"):
+        train(tiny_lm(), data, cfg, stop_after=9)

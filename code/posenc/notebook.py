@@ -7,6 +7,7 @@ simply displays the value, so every number and figure is still visible.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -206,3 +207,71 @@ def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str
     ax.set_yticks(range(len(order)), order)
     ax.invert_yaxis()
     return ax
+
+
+def protocol_summary(records: list[dict], study, metric: str, setting: str, *, role: str = "tuned") -> dict[str, dict]:
+    """Per arm of a protocol study: the seeds' values of ``metric`` in ``setting``, their mean with
+    its 95 % interval over seeds, and the evaluation-sample half-width (bootstrap over each seed's
+    windows for ``val_loss``, examples for the copy scores).
+
+    Args:
+        records: the stored records (``stored_study("protocol/NAME")["records"]``).
+        study: the :class:`~posenc.experiments.compare.Study` (for the tuning seed and choices).
+        metric: e.g. ``"val_loss"``, ``"exact_match"``, ``"token_accuracy"``, ``"answer_loss"``.
+        setting: ``"lm"`` or ``"copy"``.
+        role: ``"tuned"`` (each arm at its chosen multiplier) or ``"untuned"`` (multiplier 1).
+
+    Returns:
+        ``{arm: {"values", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms first
+        appear; ``eval`` is ``None`` for a metric without per-item scores, ``mult`` the multiplier.
+    """
+    from posenc.experiments.compare import select
+    from posenc.experiments.stats import eval_half_width, seed_interval
+
+    items_key = {"val_loss": "loss_per_window", "exact_match": "row_exact"}.get(metric)
+    out: dict[str, dict] = {}
+    rows: dict[str, list[dict]] = {}
+    for r in select(records, study, role):
+        if r["setting"] == setting and metric in r:
+            rows.setdefault(r["arm"], []).append(r)
+    for arm, rs in rows.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        values = [float(r[metric]) for r in rs]
+        iv = seed_interval(values) if len(values) > 1 else None
+        items = None
+        if items_key and all(items_key in r for r in rs):
+            items = [[float(c) for c in r[items_key]] for r in rs]
+        out[arm] = {"values": values, "mean": sum(values) / len(values), "low": iv.low if iv else math.nan,
+                    "high": iv.high if iv else math.nan, "n": len(values),
+                    "eval": eval_half_width(items) if items else None, "mult": rs[0].get("mult", 1.0)}
+    return out
+
+
+def protocol_separated(a: dict, b: dict, *, paired: bool = False) -> bool:
+    """Whether two arms of :func:`protocol_summary` are separated: the 95 % Welch (or paired)
+    interval of the difference of their seed means excludes zero (the book's one meaning)."""
+    from posenc.experiments.stats import difference
+
+    return difference(a["values"], b["values"], paired=paired).separated
+
+
+def protocol_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None,
+                   extra: dict[str, dict[str, str]] | None = None):
+    """A Markdown table of ``mean [95 % interval over seeds] ± evaluation half-width`` per arm, one
+    column per summary of :func:`protocol_summary`, then the ``extra`` columns."""
+    from IPython.display import Markdown
+
+    digits, extra = digits or {}, extra or {}
+    rows = ["| | " + " | ".join([*columns, *extra]) + " |", "|" + " --- |" * (len(columns) + len(extra) + 1)]
+    for arm in order:
+        cells = []
+        for title, summary in columns.items():
+            s, d = summary.get(arm), digits.get(title, 3)
+            if s is None:
+                cells.append("–")
+                continue
+            text = f"{s['mean']:.{d}f} [{s['low']:.{d}f}, {s['high']:.{d}f}]"
+            cells.append(text + (f" ± {s['eval']:.{d}f}" if s["eval"] is not None else ""))
+        cells += [texts.get(arm, "–") for texts in extra.values()]
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return Markdown("\n".join(rows))

@@ -119,6 +119,7 @@ def _device_of(model: nn.Module) -> torch.device:
 def train(
     model: nn.Module, data: Tensor, cfg: TrainConfig, *, penalty: Optional[Callable[[], Tensor]] = None,
     shard: tuple[int, int] = (0, 1), curve_at: Sequence[int] = (), measure: Optional[Callable[[nn.Module], dict]] = None,
+    stop_after: Optional[int] = None,
 ) -> TrainResult:
     """Train ``model`` on random windows of ``data`` for next-token prediction.
 
@@ -144,6 +145,8 @@ def train(
             measurements draw no random numbers from the training stream, so the training is the
             same with or without them.
         measure: e.g. ``lambda m: {"val_loss": evaluate(m, corpus.val, 128, num_windows=64).loss}``.
+        stop_after: stop after this many steps of ``cfg``'s schedule (``None``: all ``cfg.steps``):
+            the first steps of a longer run, exactly, to reproduce a point of a stored curve quickly.
 
     Returns:
         The per-step losses, penalties and learning rates, and the curve. The model is left in eval mode.
@@ -162,13 +165,15 @@ def train(
         x, y = random_batch(data, cfg.batch_size, cfg.seq_len, generator, device=device)
         return x, y, None
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len, shard=shard, curve_at=curve_at, measure=measure)
+    return _fit(model, cfg, next_batch, penalty, seq_len=cfg.seq_len, shard=shard, curve_at=curve_at, measure=measure,
+                stop_after=stop_after)
 
 
 def train_task(
     model: nn.Module, task: Callable[[int, torch.Generator], Task], cfg: TrainConfig, *,
     penalty: Optional[Callable[[], Tensor]] = None, shard: tuple[int, int] = (0, 1),
     curve_at: Sequence[int] = (), measure: Optional[Callable[[nn.Module], dict]] = None,
+    stop_after: Optional[int] = None,
 ) -> TrainResult:
     """Train ``model`` on a synthetic task, scoring only the answer tokens.
 
@@ -186,6 +191,7 @@ def train_task(
         shard: ``(rank, world_size)`` for data-parallel training, as in :func:`train`.
         curve_at, measure: the learning curve, as in :func:`train` (e.g. ``measure`` returning
             :func:`task_accuracy` on held-out examples).
+        stop_after: stop early on the same schedule, as in :func:`train`.
 
     Returns:
         The per-step losses (nats per answer token), learning rates and curve. The model is left in eval mode.
@@ -205,7 +211,8 @@ def train_task(
         _check_length(model, batch.inputs.shape[1], "the task's sequence length")
         return batch.inputs.to(device), batch.targets.to(device), batch.mask.to(device)
 
-    return _fit(model, cfg, next_batch, penalty, seq_len=None, shard=shard, curve_at=curve_at, measure=measure)
+    return _fit(model, cfg, next_batch, penalty, seq_len=None, shard=shard, curve_at=curve_at, measure=measure,
+                stop_after=stop_after)
 
 
 def batch_rows(batch_size: int, rank: int, world_size: int) -> slice:
@@ -274,7 +281,7 @@ def _check_curve(curve_at: Sequence[int], measure, steps: int) -> list[int]:
     return at
 
 
-def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1), curve_at=(), measure=None) -> TrainResult:
+def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1), curve_at=(), measure=None, stop_after=None) -> TrainResult:
     """The optimisation loop shared by :func:`train` and :func:`train_task`.
 
     With ``shard = (rank, world_size)``, ``world_size > 1``, every process draws the same global
@@ -293,6 +300,10 @@ def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1), curve_at=(), me
     if penalty is not None and not callable(penalty):
         raise TypeError(f"penalty must be a callable returning a scalar tensor, or None, got {type(penalty).__name__}")
     at = _check_curve(curve_at, measure, cfg.steps)
+    if stop_after is not None and not (isinstance(stop_after, int) and not isinstance(stop_after, bool)
+                                       and 1 <= stop_after <= cfg.steps):
+        raise ValueError(f"stop_after must be an int in 1..{cfg.steps} or None, got {stop_after!r}")
+    at = [s for s in at if stop_after is None or s <= stop_after]
     device = _device_of(model)
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=cfg.betas, **({"fused": True} if cfg.fused else {}))
@@ -300,7 +311,7 @@ def _fit(model, cfg, next_batch, penalty, seq_len, shard=(0, 1), curve_at=(), me
     model.train()
     start = time.perf_counter()
     measuring = 0.0
-    bar = tqdm(range(cfg.steps), disable=not cfg.progress, desc="train", leave=False)
+    bar = tqdm(range(cfg.steps if stop_after is None else stop_after), disable=not cfg.progress, desc="train", leave=False)
     for step in bar:
         lr = lr_at(step, cfg)
         for group in optimizer.param_groups:

@@ -291,7 +291,8 @@ PROTOCOL_STUDIES["naive"] = dataclasses.replace(PROTOCOL_STUDIES["naive"], arms=
 
 
 def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: str | torch.device = "cpu",
-             steps: Optional[int] = None, return_model: bool = False, mult: float = 1.0):
+             steps: Optional[int] = None, return_model: bool = False, mult: float = 1.0,
+             stop_after: Optional[int] = None):
     """Train one arm with one seed in one setting and return its record.
 
     The record is what the study stores: ``arm``, ``seed``, ``setting``, the score (``val_loss``,
@@ -310,6 +311,9 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         return_model: also return the trained model, as ``(record, model)``.
         mult: the multiplier of the arm's knob (:func:`knob_of`): of the position parameters'
             learning rate, or of the fixed code's scale; must be 1 for an arm with no knob.
+        stop_after: train only the first ``stop_after`` steps of the study's schedule and return
+            the record so far (the curve's points up to there; the final scores are those of the
+            model at that step): a live check of a stored curve point in a fraction of the time.
 
     In a protocol study (:attr:`Study.protocol`) the record also holds ``knob`` and ``mult``, the
     learning ``curve`` (validation loss, or copy accuracy and answer loss, at
@@ -350,6 +354,8 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
                     "position_parameters": sum(p.numel() for p in model.position.parameters())}
     if study.protocol:
         record.update(knob=knob, mult=float(mult))
+    if stop_after is not None:
+        record["stopped_after"] = stop_after
     curve_at = (sorted({max(1, round(cfg.steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)})
                 if study.protocol else ())
     start = time.perf_counter()
@@ -357,7 +363,7 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         corpus = load_stdlib_corpus()
         measure = (lambda m: {"val_loss": round(evaluate(m, corpus.val, cfg.seq_len, num_windows=study.curve_windows).loss, 5)}
                    ) if curve_at else None
-        history = train(model, corpus.train, cfg, penalty=penalty, curve_at=curve_at, measure=measure)
+        history = train(model, corpus.train, cfg, penalty=penalty, curve_at=curve_at, measure=measure, stop_after=stop_after)
         result = evaluate(model, corpus.val, study.lm.seq_len, num_windows=study.eval_windows)
         record["val_loss"] = result.loss
         if study.protocol:
@@ -376,7 +382,8 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
             a = task_accuracy(m, task, num_examples=study.curve_examples)
             return {"token_accuracy": a.token_accuracy, "exact_match": a.exact_match, "answer_loss": round(a.answer_loss, 5)}
 
-        history = train_task(model, task, cfg, penalty=penalty, curve_at=curve_at, measure=measure if curve_at else None)
+        history = train_task(model, task, cfg, penalty=penalty, curve_at=curve_at, measure=measure if curve_at else None,
+                             stop_after=stop_after)
         acc = task_accuracy(model, task, num_examples=study.eval_examples)
         record.update(token_accuracy=acc.token_accuracy, exact_match=acc.exact_match, answer_loss=acc.answer_loss)
         if study.protocol:

@@ -141,25 +141,44 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+def t_pdf(t: float, df: float) -> float:
+    """The density of Student's t with ``df`` degrees of freedom at ``t``."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
+
+
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on :func:`t_cdf`).
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom.
+
+    Newton's method on :func:`t_cdf` from the bracket that bisection keeps, so that every step
+    stays inside it (a bisection step replaces a Newton step that would leave it).
 
     Raises:
         ValueError: if ``p`` is not in (0, 1) or ``df <= 0``.
     """
     if not 0 < p < 1:
         raise ValueError(f"p must be in (0, 1), got {p!r}")
+    if not df > 0:
+        raise ValueError(f"df must be > 0, got {df!r}")
     if p < 0.5:
         return -t_quantile(1 - p, df)
     lo, hi = 0.0, 1.0
     while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2
+        lo, hi = hi, 2 * hi
+    t = (lo + hi) / 2
+    for _ in range(100):
+        f = t_cdf(t, df) - p
+        if f < 0:
+            lo = t
+        else:
+            hi = t
+        step = f / max(t_pdf(t, df), 1e-300)
+        nxt = t - step
+        t_new = nxt if lo < nxt < hi else (lo + hi) / 2
+        if abs(t_new - t) < 1e-13 * max(1.0, abs(t)):
+            return t_new
+        t = t_new
+    return t
 
 
 # ----------------------------------------------------------------- intervals
