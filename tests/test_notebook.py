@@ -135,3 +135,31 @@ def test_protocol_summary_table_and_separation():
     assert protocol_separated(tuned["a"], tuned["b"])
     text = protocol_table({"loss": tuned}, ["a", "b"]).data
     assert "| a | 2.010 [" in text and "] ± " in text
+
+
+def test_plot_intervals_and_curves_draw_every_arm():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from posenc.experiments.compare import Arm, Study
+    from posenc.notebook import plot_curves, plot_intervals, protocol_summary
+
+    study = Study("t", (Arm("a", "nope"), Arm("b", "learned")), seeds=(0, 1, 2), protocol=True, tuning_seed=9,
+                  grid=(1.0, 10.0))
+    curve = lambda v: [{"step": 5, "val_loss": v + 1}, {"step": 10, "val_loss": v}]  # noqa: E731
+    recs = [{"arm": "a", "setting": "lm", "seed": s, "mult": 1.0, "val_loss": 2.0 + 0.01 * s, "curve": curve(2.0)}
+            for s in (0, 1, 2)]
+    recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s, "curve": curve(v)}
+             for s in (0, 1, 2, 9) for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    tuned = protocol_summary(recs, study, "val_loss", "lm")
+    plot_intervals(ax1, tuned, ["a", "b"], untuned=protocol_summary(recs, study, "val_loss", "lm", role="untuned"),
+                   live={"b": 1.5})
+    plot_curves(ax2, recs, study, "lm", "val_loss", ["a", "b"])
+    labels = ax1.get_legend_handles_labels()[1]
+    assert "untuned (multiplier 1), mean" in labels and "live run (this notebook)" in labels
+    assert [line.get_label() for line in ax2.get_lines()] == ["a", "b"]
+    assert list(ax2.get_lines()[1].get_ydata()) == [2.5, 1.5]
+    plt.close(fig)

@@ -275,3 +275,62 @@ def protocol_table(columns: dict[str, dict[str, dict]], order: list[str], digits
         cells += [texts.get(arm, "–") for texts in extra.values()]
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     return Markdown("\n".join(rows))
+
+
+def plot_intervals(ax, summary: dict[str, dict], order: list[str], *, untuned: dict[str, dict] | None = None,
+                   live: dict[str, float] | None = None, label: str = "tuned, one dot per seed"):
+    """Each arm's seeds (dots), their mean with its 95 % interval (bar), optionally the untuned mean
+    (a hollow circle, where the arm was tuned to another multiplier) and a live run (open diamond).
+
+    Args:
+        ax: a matplotlib axis; arms go on the y axis, top to bottom in ``order``.
+        summary: from :func:`protocol_summary` (``role="tuned"``).
+        order: the arms to draw.
+        untuned: from :func:`protocol_summary` with ``role="untuned"``.
+        live: ``{arm: value}`` of the chapter's live run.
+    """
+    first_untuned = True
+    for y, arm in enumerate(order):
+        s = summary[arm]
+        ax.scatter(s["values"], [y] * len(s["values"]), s=16, color="C0", alpha=0.6, label=label if y == 0 else None)
+        ax.errorbar([s["mean"]], [y], xerr=[[s["mean"] - s["low"]], [s["high"] - s["mean"]]], fmt="|", color="C0",
+                    ms=14, capsize=3, label="mean, 95 % interval over seeds" if y == 0 else None)
+        if untuned and arm in untuned and untuned[arm]["mult"] != s["mult"]:
+            ax.scatter([untuned[arm]["mean"]], [y + 0.28], s=28, facecolors="none", edgecolors="C1",
+                       label="untuned (multiplier 1), mean" if first_untuned else None)
+            first_untuned = False
+        if live and arm in live:
+            ax.scatter([live[arm]], [y], s=60, facecolors="none", edgecolors="C3", marker="D",
+                       label="live run (this notebook)" if arm == next(a for a in order if a in live) else None)
+    ax.set_yticks(range(len(order)), order)
+    ax.set_ylim(len(order) - 0.5, -0.5)
+    return ax
+
+
+def plot_curves(ax, records: list[dict], study, setting: str, metric: str, arms: list[str], *, role: str = "tuned"):
+    """The learning curve of ``metric`` (mean over the reported seeds, with their range shaded) for
+    each arm of a protocol study.
+
+    Args:
+        ax: a matplotlib axis.
+        records: the stored records.
+        study: the :class:`~posenc.experiments.compare.Study`.
+        setting: ``"lm"`` or ``"copy"``.
+        metric: a key of the curve points (``"val_loss"``, ``"exact_match"``, ...).
+        arms: the arms to draw, in legend order.
+        role: ``"tuned"`` or ``"untuned"``.
+    """
+    from posenc.experiments.compare import select
+
+    chosen = [r for r in select(records, study, role) if r["setting"] == setting and "curve" in r]
+    for i, arm in enumerate(arms):
+        curves = [r["curve"] for r in sorted(chosen, key=lambda r: r["seed"]) if r["arm"] == arm]
+        if not curves:
+            continue
+        steps = [p["step"] for p in curves[0]]
+        values = [[c[k][metric] for c in curves] for k in range(len(steps))]
+        mean = [sum(v) / len(v) for v in values]
+        ax.plot(steps, mean, "-", color=f"C{i % 10}", label=arm)
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=f"C{i % 10}", alpha=0.15)
+    ax.set_xlabel("step")
+    return ax
