@@ -170,6 +170,8 @@ def test_a_protocol_cell_applies_its_multiplier_and_records_curve_and_items():
     assert model.position.scale == pytest.approx(10 * build_method("sinusoidal", study.model).scale)
     assert r10["knob"] == "code_scale" and r10["mult"] == 10.0 and r1["val_loss"] != r10["val_loss"]
     assert [p["step"] for p in r1["curve"]] == [2, 3] and len(r1["loss_per_window"]) == study.eval_windows
+    tune = run_cell(study, "learned", study.tuning_seed, "copy", mult=10.0)
+    assert tune["tune_answer_loss"] != tune["answer_loss"]  # other examples than the reported ones
     copy = run_cell(study, "learned", 0, "copy", mult=10.0)
     assert len(copy["row_exact"]) == study.eval_examples and set(copy["row_exact"]) <= {"0", "1"}
     assert copy["row_exact"].count("1") / study.eval_examples == copy["exact_match"]
@@ -191,8 +193,10 @@ def test_a_protocol_study_tunes_on_its_own_seed_then_runs_every_seed_at_the_choi
     assert sorted((r["arm"], r["mult"]) for r in tuning) == [("learned", 1.0), ("learned", 10.0),
                                                             ("sinusoidal", 1.0), ("sinusoidal", 10.0)]
     for arm in ("learned", "sinusoidal"):
-        best = min(tuning, key=lambda r: r["val_loss"] if r["arm"] == arm else math.inf)
+        best = min(tuning, key=lambda r: r["tune_val_loss"] if r["arm"] == arm else math.inf)
         assert chosen_mult(records, study, arm, "lm") == best["mult"]
+    # the choice is made on held-out windows: the tuning runs score them, the reported runs do not
+    assert all("tune_val_loss" in r for r in tuning) and not any("tune_val_loss" in r for r in select(records, study))
     tuned, untuned = select(records, study, "tuned"), select(records, study, "untuned")
     assert sorted((r["arm"], r["seed"]) for r in tuned) == sorted((a, s) for a in ("nope", "learned", "sinusoidal") for s in (0, 1))
     assert all(r["mult"] == 1.0 for r in untuned) and len(untuned) == 6

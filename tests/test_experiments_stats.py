@@ -126,3 +126,37 @@ def test_describe_formats_the_interval_and_the_evaluation_uncertainty():
 def test_bad_input_is_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_separated_uses_the_two_look_level():
+    from posenc.experiments.stats import SEPARATION_LEVEL, separated
+
+    a, b = [1.0, 1.1, 1.2], [1.32, 1.42, 1.52]
+    assert separated(a, b) == difference(a, b, SEPARATION_LEVEL).separated
+    assert SEPARATION_LEVEL > 0.95
+
+
+def test_looking_twice_at_the_separation_level_keeps_the_false_positive_rate_under_5_percent():
+    from posenc.experiments.stats import separated
+
+    rng = random.Random(3)
+    fp, trials = 0, 4000
+    for _ in range(trials):
+        a, b = [rng.gauss(0, 1) for _ in range(5)], [rng.gauss(0, 1) for _ in range(5)]
+        fp += separated(a[:3], b[:3]) or (needs_more_seeds(a[:3], b[:3]) and separated(a, b))
+    assert fp / trials < 0.055
+
+
+def test_wilson_interval_by_hand_and_at_the_ends():
+    from posenc.experiments.stats import wilson_interval
+
+    iv = wilson_interval(512, 512)
+    assert iv.mean == 1.0 and iv.high == pytest.approx(1.0) and 0.99 < iv.low < 1.0  # open at 1
+    z, n, p = 1.959964, 100, 0.3
+    centre = (p + z * z / 200) / (1 + z * z / 100)
+    half = z * math.sqrt(p * 0.7 / 100 + z * z / 40000) / (1 + z * z / 100)
+    iv = wilson_interval(30, 100)
+    assert iv.low == pytest.approx(centre - half, rel=1e-5) and iv.high == pytest.approx(centre + half, rel=1e-5)
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(5, 4)
+    assert eval_half_width([[1.0] * 50, [1.0] * 49 + [0.0]]) > 0  # 0/1 items never give a zero width

@@ -126,7 +126,8 @@ def test_protocol_summary_table_and_separation():
              "loss_per_window": [2.0 + 0.01 * s + d for d in (-0.1, 0.1)]} for s in (0, 1, 2)]
     recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s,
               "loss_per_window": [v, v]} for s in (0, 1, 2) for m, v in ((1.0, 1.9), (10.0, 1.5))]
-    recs += [{"arm": "b", "setting": "lm", "seed": 9, "mult": m, "val_loss": v} for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    recs += [{"arm": "b", "setting": "lm", "seed": 9, "mult": m, "val_loss": v, "tune_val_loss": v}
+             for m, v in ((1.0, 1.9), (10.0, 1.5))]
     tuned = protocol_summary(recs, study, "val_loss", "lm")
     untuned = protocol_summary(recs, study, "val_loss", "lm", role="untuned")
     assert tuned["b"]["mult"] == 10.0 and untuned["b"]["mult"] == 1.0
@@ -151,8 +152,8 @@ def test_plot_intervals_and_curves_draw_every_arm():
     curve = lambda v: [{"step": 5, "val_loss": v + 1}, {"step": 10, "val_loss": v}]  # noqa: E731
     recs = [{"arm": "a", "setting": "lm", "seed": s, "mult": 1.0, "val_loss": 2.0 + 0.01 * s, "curve": curve(2.0)}
             for s in (0, 1, 2)]
-    recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s, "curve": curve(v)}
-             for s in (0, 1, 2, 9) for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s, "tune_val_loss": v,
+              "curve": curve(v)} for s in (0, 1, 2, 9) for m, v in ((1.0, 1.9), (10.0, 1.5))]
     fig, (ax1, ax2) = plt.subplots(1, 2)
     tuned = protocol_summary(recs, study, "val_loss", "lm")
     plot_intervals(ax1, tuned, ["a", "b"], untuned=protocol_summary(recs, study, "val_loss", "lm", role="untuned"),

@@ -517,3 +517,17 @@ def test_stop_after_is_exactly_the_first_steps_of_the_longer_run():
     assert part.losses == full.losses[:3] and part.curve == full.curve[:1] and len(part.lrs) == 3
     with pytest.raises(ValueError, match="stop_after must be an int in 1..8"):
         train(tiny_lm(), data, cfg, stop_after=9)
+
+
+def test_windows_between_are_held_out_text_of_the_same_kind():
+    data = random_bytes(20000)
+    x, _ = eval_windows(data, 16, 8)
+    xb, yb = eval_windows(data, 16, 8, between=True)
+    assert xb.shape == (7, 16) and yb.shape == (7, 16)
+    starts = torch.arange(8) * (20000 - 17) // 7
+    mids = (starts[:-1] + starts[1:]) // 2
+    assert torch.equal(xb[:, 0], data[mids].long())
+    result = evaluate(tiny_lm(), data, 16, num_windows=8, between=True)
+    assert result.num_windows == 7 and result.loss_per_window.shape == (7,)
+    with pytest.raises(ValueError, match="between=True needs num_windows >= 2"):
+        eval_windows(data, 16, 1, between=True)

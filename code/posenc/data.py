@@ -118,8 +118,8 @@ def random_batch(
     return seq[:, :-1].to(device), seq[:, 1:].to(device)
 
 
-def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None, *, span: Optional[int] = None
-                 ) -> tuple[Tensor, Tensor]:
+def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None, *, span: Optional[int] = None,
+                 between: bool = False) -> tuple[Tensor, Tensor]:
     """Evenly spaced, deterministic windows of ``data`` for evaluation.
 
     Args:
@@ -130,12 +130,17 @@ def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None, *, s
         span: space the windows as if they were ``span`` tokens long (``span >= seq_len``): the
             windows of every length up to ``span`` then start at the same tokens, each a prefix of
             the longest, so that scores at several lengths are on the same text. ``None``: ``seq_len``.
+        between: instead, the ``num_windows - 1`` windows that start halfway between consecutive
+            windows of ``between=False``: other text of the same kind, disjoint from those windows
+            when their spacing is at least twice ``span`` (held-out text for choosing a setting,
+            apart from the text that reports it).
 
     Returns:
-        ``(x, y)``, each ``(num_windows, seq_len)`` int64.
+        ``(x, y)``, each ``(num_windows, seq_len)`` int64 (``num_windows - 1`` rows with ``between``).
 
     Raises:
-        ValueError: if ``data`` is too short for one window of ``span`` tokens, or ``span < seq_len``.
+        ValueError: if ``data`` is too short for one window of ``span`` tokens, ``span < seq_len``, or
+            ``between`` with fewer than 2 windows.
     """
     _check_windows(data, num_windows, seq_len, "num_windows")
     if span is not None:
@@ -144,6 +149,10 @@ def eval_windows(data: Tensor, seq_len: int, num_windows: int, device=None, *, s
         _check_windows(data, num_windows, span, "num_windows")
     last = data.numel() - (span or seq_len) - 1
     starts = torch.arange(num_windows) * last // max(num_windows - 1, 1)  # (num_windows,), exact integers
+    if between:
+        if num_windows < 2:
+            raise ValueError(f"between=True needs num_windows >= 2, got {num_windows}")
+        starts = (starts[:-1] + starts[1:]) // 2  # (num_windows - 1,)
     idx = starts[:, None] + torch.arange(seq_len + 1)
     seq = data[idx].long()
     return seq[:, :-1].to(device), seq[:, 1:].to(device)

@@ -378,7 +378,7 @@ class EvalResult:
 @torch.no_grad()
 def evaluate(
     model: nn.Module, data: Tensor, seq_len: int, *, num_windows: int = 32, batch_size: int = 16,
-    span: Optional[int] = None,
+    span: Optional[int] = None, between: bool = False,
 ) -> EvalResult:
     """Loss at every position of ``num_windows`` evenly spaced windows of length ``seq_len``.
 
@@ -390,6 +390,8 @@ def evaluate(
         batch_size: windows per forward pass.
         span: place the windows as for length ``span`` (:func:`~posenc.data.eval_windows`), so that
             evaluations at several lengths up to ``span`` score prefixes of the same windows.
+        between: score the ``num_windows - 1`` windows halfway between those windows instead
+            (:func:`~posenc.data.eval_windows`): held-out text for choosing a setting.
 
     Returns:
         :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)`` and ``loss_per_window``.
@@ -403,7 +405,8 @@ def evaluate(
     device = _device_of(model)
     was_training = model.training
     model.eval()
-    x_all, y_all = eval_windows(data, seq_len, num_windows, span=span)
+    x_all, y_all = eval_windows(data, seq_len, num_windows, span=span, between=between)
+    num_windows = x_all.shape[0]
     total = torch.zeros(seq_len, dtype=torch.float64)
     per_window = []
     try:

@@ -1,7 +1,7 @@
 """How long is long enough: the tiny LM trained to several budgets, with its learning curves.
 
-The experiments protocol states every comparison at a budget where the compared curves have
-flattened (the book's "How the experiments work"). This study measures where that is for the
+The experiments protocol states every comparison at a budget where the ranking of the compared
+curves has settled, and says after how many steps (the book's "How the experiments work"). This study measures where that is for the
 studies' model (width 64, 2 layers, 4 heads, windows of 128 bytes, batches of 16): each position
 method is trained to each budget ``S`` in ``budgets`` (the warm-up, then a cosine decay stretched to
 ``S`` steps: a separate run per budget, since the schedule depends on ``S``), with its validation
