@@ -1,4 +1,5 @@
-"""Tests of posenc.analysis: singular values, ranks, best rank-k approximation, Gram, covariance, condition."""
+"""Tests of posenc.analysis: singular values, ranks, best rank-k approximation, Gram, covariance, condition,
+and the interference of an added table with token embeddings (complement projector, token read-out)."""
 
 import math
 
@@ -8,6 +9,7 @@ import torch
 
 from posenc.analysis import (
     best_rank_k,
+    complement_projector,
     condition_number,
     cosine_matrix,
     covariance,
@@ -16,6 +18,7 @@ from posenc.analysis import (
     neighbour_cosine,
     numerical_rank,
     singular_values,
+    token_readout_accuracy,
 )
 
 FP64 = dict(rtol=1e-10, atol=1e-12)
@@ -337,6 +340,86 @@ def test_zero_table():
     assert best_rank_k(z, 2)[1] == 0.0
 
 
+# --- interference with token embeddings: complement projector and token read-out -----------------
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3, 8])
+def test_complement_projector_removes_every_code_and_keeps_the_rest(device, rank):
+    c = 8
+    p = low_rank(12, c, rank).to(device) if rank else torch.zeros(12, c, dtype=torch.float64, device=device)
+    proj = complement_projector(p)
+    assert proj.dtype == torch.float64 and proj.device == p.device and proj.shape == (c, c)
+    torch.testing.assert_close(proj, proj.T, **FP64)  # symmetric
+    torch.testing.assert_close(proj @ proj, proj, **FP64)  # idempotent
+    assert math.isclose(float(proj.trace()), c - rank, abs_tol=1e-9)  # C - r directions are kept
+    torch.testing.assert_close(p @ proj, torch.zeros_like(p), rtol=0, atol=1e-12 * float(p.abs().max() + 1))
+    x = randn(5, c, device=device, seed=7)  # (x + rho p_n) Pi = x Pi for every pair and scale
+    for rho in (0.0, 3.0, 1e3):
+        torch.testing.assert_close((x[:, None] + rho * p[None]) @ proj, (x @ proj)[:, None].expand(5, 12, c),
+                                   rtol=0, atol=1e-9 * (1 + rho))
+
+
+def test_complement_projector_of_a_full_rank_table_is_zero_and_of_the_zero_table_is_the_identity():
+    assert complement_projector(randn(12, 8)).abs().max() < 1e-12  # N >= C random rows span R^C
+    assert torch.equal(complement_projector(torch.zeros(3, 4)), torch.eye(4, dtype=torch.float64))
+
+
+def test_complement_projector_uses_the_tolerance_of_numerical_rank():
+    p = graded()  # singular values 1, 1e-3, 1e-9
+    assert math.isclose(float(complement_projector(p).trace()), 7 - numerical_rank(p), abs_tol=1e-9)
+    # with rtol=1e-6 the 1e-9 direction does not count towards the rank, so the projector keeps it
+    assert math.isclose(float(complement_projector(p, rtol=1e-6).trace()), 5, abs_tol=1e-9)
+
+
+def test_token_readout_frozen_values():
+    tokens = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+    table = torch.tensor([[0.0, 0.0], [2.0, 0.0]])  # position 1 pushes every token towards token 0
+    # sums (1, 0), (3, 0), (-1, 0), (1, 0): the last is token 1 read as token 0
+    assert token_readout_accuracy(tokens, table, 1.0) == 0.75
+    assert token_readout_accuracy(tokens, table, 0.0) == 1.0
+    assert token_readout_accuracy(tokens, torch.tensor([[0.0, 5.0], [0.0, -5.0]]), 100.0) == 1.0  # orthogonal codes
+
+
+def test_token_readout_matches_a_naive_loop_and_a_direct_least_squares_fit():
+    v, n, c, rho = 7, 5, 4, 1.3
+    x, p = randn(v, c, seed=1), randn(n, c, seed=2)
+    pairs = [(i, j) for i in range(v) for j in range(n)]
+    h = torch.stack([x[i] + rho * p[j] for i, j in pairs])  # (V N, C)
+    nearest = [min(range(v), key=lambda k: float((h_ - x[k]).norm())) == i for h_, (i, _) in zip(h, pairs)]
+    assert token_readout_accuracy(x, p, rho) == sum(nearest) / len(pairs)
+    design = torch.cat([h, torch.ones(len(h), 1, dtype=h.dtype)], 1)  # (V N, C + 1)
+    target = torch.eye(v, dtype=h.dtype)[[i for i, _ in pairs]]  # (V N, V) one-hot
+    fitted = (design @ torch.linalg.lstsq(design, target).solution).argmax(1)  # QR least squares, not normal equations
+    expected = float((fitted == torch.tensor([i for i, _ in pairs])).double().mean())
+    assert token_readout_accuracy(x, p, rho, readout="fitted") == expected
+
+
+@pytest.mark.parametrize("readout", ["nearest", "fitted"])
+def test_token_readout_of_concatenated_tables_is_perfect_at_every_scale(readout):
+    x, p = randn(4, 3, seed=3), randn(6, 3, seed=4)  # V <= C_x + 1: least squares fits the one-hot tokens exactly
+    tokens = torch.cat([x, torch.zeros(4, 3, dtype=x.dtype)], 1)  # [x, 0]
+    table = torch.cat([torch.zeros(6, 3, dtype=p.dtype), p], 1)  # [0, p]
+    for rho in (0.0, 1.0, 50.0):
+        assert token_readout_accuracy(tokens, table, rho, readout=readout) == 1.0
+
+
+def test_the_fitted_readout_ignores_a_low_rank_table_but_not_a_full_rank_one(device):
+    v, n, c = 6, 20, 8  # V <= C - r + 1: an affine fit can separate the projected tokens exactly
+    x = randn(v, c, device=device, seed=5)
+    low, full = low_rank(n, c, 2).to(device), randn(n, c, device=device, seed=6)
+    for rho in (1.0, 10.0, 1000.0):
+        assert token_readout_accuracy(x, low, rho, readout="fitted") == 1.0
+    assert token_readout_accuracy(x, full, 1000.0, readout="fitted") < 0.5
+    assert token_readout_accuracy(x, low, 1000.0, readout="nearest") < 0.5  # the nearest read-out cannot adapt
+
+
+def test_token_readout_accuracy_falls_with_the_scale_of_a_full_rank_table():
+    x, p = randn(32, 8, seed=8) / math.sqrt(8), randn(16, 8, seed=9) / math.sqrt(8)
+    for readout in ("nearest", "fitted"):
+        acc = [token_readout_accuracy(x, p, rho, readout=readout) for rho in (0.0, 1.0, 2.0, 4.0)]
+        assert acc[0] >= acc[-1] and acc[-1] < 0.9 and all(0.0 <= a <= 1.0 for a in acc)
+
+
 # --- dtype and device ----------------------------------------------------------------------------
 
 
@@ -372,9 +455,11 @@ TABLE_FUNCTIONS = [
     condition_number,
     cosine_matrix,
     neighbour_cosine,
+    complement_projector,
+    lambda t: token_readout_accuracy(torch.ones(2, 2), t),
 ]
 IDS = ["singular_values", "numerical_rank", "effective_rank", "best_rank_k", "gram", "covariance", "condition_number",
-       "cosine_matrix", "neighbour_cosine"]
+       "cosine_matrix", "neighbour_cosine", "complement_projector", "token_readout_accuracy"]
 
 
 @pytest.mark.parametrize("fn", TABLE_FUNCTIONS, ids=IDS)
@@ -431,3 +516,43 @@ def test_effective_rank_rejects_a_bad_energy(energy):
 def test_best_rank_k_rejects_a_bad_k(k):
     with pytest.raises(ValueError, match=r"k must be an int in 0\.\.2, got"):
         best_rank_k(torch.ones(3, 2), k)
+
+
+@pytest.mark.parametrize("rtol", [-1e-9, math.nan, "1e-6"])
+def test_complement_projector_rejects_a_bad_rtol(rtol):
+    with pytest.raises(ValueError, match=r"rtol must be a real number >= 0 or None, got"):
+        complement_projector(torch.ones(3, 2), rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    "tokens, error, message",
+    [
+        (torch.ones(3, 2, dtype=torch.long), TypeError, "tokens must be a floating-point tensor, got torch.int64"),
+        ([[1.0, 0.0]], TypeError, "tokens must be a floating-point tensor, got list"),
+        (torch.ones(2), ValueError, r"tokens must be 2-D \(V, C\), got shape \(2,\)"),
+        (torch.ones(0, 2), ValueError, r"tokens must be non-empty \(V >= 1 and C >= 1\), got shape \(0, 2\)"),
+        (torch.tensor([[1.0, math.nan]]), ValueError, "tokens must have only finite entries"),
+        (torch.ones(3, 5), ValueError, r"tokens and table must have the same width C, got shapes \(3, 5\) and \(4, "),
+    ],
+)
+def test_token_readout_rejects_bad_tokens(tokens, error, message):
+    with pytest.raises(error, match=message):
+        token_readout_accuracy(tokens, torch.ones(4, 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+def test_token_readout_rejects_tables_on_two_devices():
+    with pytest.raises(ValueError, match="tokens and table must be on the same device, got cuda:0 and cpu"):
+        token_readout_accuracy(torch.ones(3, 2, device="cuda"), torch.ones(4, 2))
+
+
+@pytest.mark.parametrize("scale", [-1.0, math.nan, math.inf, True, "2", torch.tensor(1.0), None])
+def test_token_readout_rejects_a_bad_scale(scale):
+    with pytest.raises(ValueError, match=r"scale must be a finite real number >= 0, got"):
+        token_readout_accuracy(torch.ones(3, 2), torch.ones(4, 2), scale)
+
+
+@pytest.mark.parametrize("readout", ["fit", "Nearest", None])
+def test_token_readout_rejects_an_unknown_readout(readout):
+    with pytest.raises(ValueError, match=r"readout must be one of \('nearest', 'fitted'\), got"):
+        token_readout_accuracy(torch.ones(3, 2), torch.ones(4, 2), readout=readout)

@@ -9,6 +9,7 @@ from posenc.cnn_position import (
     position_targets,
     probe_inputs,
     receptive_field,
+    receptive_field_sweep,
     target_variance,
     train_position_probe,
 )
@@ -181,6 +182,47 @@ def test_seed_does_not_touch_the_global_random_state():
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 
+# --- depth x kernel sweep ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_sweep():
+    """L = 16; receptive fields 3, 9 (1 layer) and 5, 17 (2 layers): only the last covers the sequence."""
+    return receptive_field_sweep(16, (1, 2), (3, 9), seeds=(0, 1), steps=150, lr=1e-2)
+
+
+def test_sweep_shapes_receptive_fields_and_floors(small_sweep):
+    r = small_sweep
+    assert (r.layers, r.kernel_sizes, r.seeds) == ((1, 2), (3, 9), (0, 1))
+    assert torch.equal(r.receptive_field, torch.tensor([[3, 9], [5, 17]]))
+    assert r.floor.shape == (2, 2) and r.error.shape == r.within_one.shape == (2, 2, 2)
+    assert r.prediction.shape == (2, 2, 2, 16) and r.error.dtype == torch.float64
+    for a, n in enumerate(r.layers):
+        for b, k in enumerate(r.kernel_sizes):
+            expected = constant_input_mse_floor(16, n, k, "zeros") / target_variance(16)
+            assert r.floor[a, b].item() == pytest.approx(expected)
+    assert r.floor[1, 1] == 0.0 and (r.floor[r.receptive_field < 16] > 0.1).all()
+
+
+def test_sweep_error_follows_the_floor_and_vanishes_once_the_receptive_field_covers_the_sequence(small_sweep):
+    r = small_sweep
+    assert (r.error >= r.floor[..., None] - 1e-6).all()  # the floor bounds every network (mathematics)
+    assert (r.error <= r.floor[..., None] + 0.05).all()  # and training reaches it (a finding of training)
+    assert r.error[1, 1].max() < 0.02  # RF = 17 >= L = 16: position recovered almost exactly
+
+
+def test_sweep_runs_equal_the_same_runs_made_by_hand(small_sweep):
+    run = train_position_probe(PositionProbeCNN(16, 2, 9, "zeros", seed=1), 16, 150, lr=1e-2, seed=1)
+    assert small_sweep.error[1, 1, 1].item() == run.mse / run.target_variance
+    assert small_sweep.within_one[1, 1, 1].item() == run.within_one
+    assert torch.equal(small_sweep.prediction[1, 1, 1], run.prediction)
+
+
+def test_sweep_with_circular_padding_never_beats_the_variance():
+    r = receptive_field_sweep(12, (1, 3), (5,), seeds=(0,), steps=20, padding_mode="circular")
+    assert (r.floor == 1).all() and (r.error >= 1 - 1e-6).all()
+
+
 # --- bad inputs (one test per rule) --------------------------------------------------------------
 
 
@@ -259,3 +301,51 @@ def test_train_rejects_another_model():
 def test_probe_inputs_rejects_an_unknown_kind():
     with pytest.raises(ValueError, match=r"input_kind must be one of \('constant', 'noise'\), got 'zeros'"):
         probe_inputs("zeros", 1, 8)
+
+
+@pytest.mark.parametrize("layers", [(), (0, 2), (2.0,), 3])
+def test_sweep_rejects_layers_that_are_not_a_non_empty_sequence_of_positive_ints(layers):
+    with pytest.raises(ValueError, match=r"layers must be a non-empty sequence of ints >= 1, got"):
+        receptive_field_sweep(16, layers, (3,))
+
+
+@pytest.mark.parametrize("kernel_sizes", [(), (3, 4), (-1,)])
+def test_sweep_rejects_kernel_sizes_that_are_not_positive_odd_ints(kernel_sizes):
+    with pytest.raises(ValueError, match=r"kernel_sizes must be a non-empty sequence of positive odd ints, got"):
+        receptive_field_sweep(16, (1,), kernel_sizes)
+
+
+@pytest.mark.parametrize("seeds", [(), (0.5,), "01"])
+def test_sweep_rejects_seeds_that_are_not_a_non_empty_sequence_of_ints(seeds):
+    with pytest.raises(ValueError, match=r"seeds must be a non-empty sequence of ints, got"):
+        receptive_field_sweep(16, (1,), (3,), seeds=seeds)
+
+
+def test_sweep_rejects_a_length_below_two():
+    with pytest.raises(ValueError, match="length must be an int >= 2, got 1"):
+        receptive_field_sweep(1, (1,), (3,))
+
+
+def test_sweep_rejects_negative_steps():
+    with pytest.raises(ValueError, match="steps must be an int >= 0, got -1"):
+        receptive_field_sweep(16, (1,), (3,), steps=-1)
+
+
+def test_sweep_rejects_an_unknown_padding_mode():
+    with pytest.raises(ValueError, match=r"padding_mode must be one of .*, got 'valid'"):
+        receptive_field_sweep(16, (1,), (3,), padding_mode="valid")
+
+
+def test_sweep_rejects_an_unknown_input_kind():
+    with pytest.raises(ValueError, match=r"input_kind must be one of \('constant', 'noise'\), got 'ramp'"):
+        receptive_field_sweep(16, (1,), (3,), input_kind="ramp")
+
+
+def test_sweep_rejects_zero_channels():
+    with pytest.raises(ValueError, match="channels must be an int >= 1, got 0"):
+        receptive_field_sweep(16, (1,), (3,), channels=0)
+
+
+def test_sweep_rejects_a_non_positive_learning_rate():
+    with pytest.raises(ValueError, match="lr must be a positive number, got -1"):
+        receptive_field_sweep(16, (1,), (3,), lr=-1)

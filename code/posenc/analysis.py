@@ -15,6 +15,12 @@ float64); scalar results are Python ``float``/``int``.
 The squared Frobenius norm is the sum of squared singular values, ``||P||_F^2 = sum_i sigma_i^2``
 (eq. 6.3.10), and the spectral norm is the largest, ``||P||_2 = sigma_1`` (eq. 6.3.11); use
 ``torch.linalg.norm`` for both, there is no wrapper here.
+
+Two functions ask what adding the table to token embeddings ``(V, C)`` (``V`` tokens) does to the
+tokens (chapter 1, "Addition or concatenation?"): :func:`token_readout_accuracy` measures how often a
+linear read-out finds the token in ``x_v + rho * p_n``, and :func:`complement_projector` gives the
+linear map that removes every position code, which exists, and leaves something, only when the
+table's rank is below ``C``.
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ def _has_float64(device_type: str) -> bool:
     return True
 
 
-def _as_float64(table: Tensor) -> Tensor:
+def _as_float64(table: Tensor, name: str = "table", rows: str = "N") -> Tensor:
     """Validate ``table`` and return it as float64, on its device if that supports float64, else on the CPU.
+
+    ``name`` and ``rows`` (the letter of its first dimension) are used in the error messages.
 
     Raises:
         TypeError: if ``table`` is not a floating-point tensor.
@@ -48,15 +56,15 @@ def _as_float64(table: Tensor) -> Tensor:
     """
     if not isinstance(table, Tensor) or not table.dtype.is_floating_point:
         got = table.dtype if isinstance(table, Tensor) else type(table).__name__
-        raise TypeError(f"table must be a floating-point tensor, got {got}")
+        raise TypeError(f"{name} must be a floating-point tensor, got {got}")
     if table.dim() != 2:
-        raise ValueError(f"table must be 2-D (N, C), got shape {tuple(table.shape)}")
+        raise ValueError(f"{name} must be 2-D ({rows}, C), got shape {tuple(table.shape)}")
     if table.numel() == 0:
-        raise ValueError(f"table must be non-empty (N >= 1 and C >= 1), got shape {tuple(table.shape)}")
+        raise ValueError(f"{name} must be non-empty ({rows} >= 1 and C >= 1), got shape {tuple(table.shape)}")
     device = table.device if _has_float64(table.device.type) else torch.device("cpu")
-    p = table.to(device=device, dtype=torch.float64)  # (N, C)
+    p = table.to(device=device, dtype=torch.float64)  # (rows, C)
     if not bool(torch.isfinite(p).all()):
-        raise ValueError("table must have only finite entries, got NaN or infinity")
+        raise ValueError(f"{name} must have only finite entries, got NaN or infinity")
     return p
 
 
@@ -287,3 +295,93 @@ def neighbour_cosine(table: Tensor) -> float:
         ValueError: if ``table`` is not 2-D, is empty, has a non-finite entry, or has one row.
     """
     return float(cosine_matrix(table).diagonal(1).mean())
+
+
+def complement_projector(table: Tensor, rtol: float | None = None) -> Tensor:
+    """The orthogonal projector onto the directions no position code uses, ``Pi = I - V_r V_r^T``.
+
+    ``V_r`` ``(C, r)`` holds the right singular vectors of the ``r = numerical_rank(table, rtol)``
+    largest singular values, an orthonormal basis of the space the codes ``p_n`` span. Every code is
+    removed, ``p_n Pi = 0`` (up to the tolerance), so ``(x + rho p_n) Pi = x Pi`` for every vector
+    ``x`` and every scale ``rho``: a read-out that looks at ``h Pi`` sees no position, however large
+    the codes. What is left of
+    the tokens is their part in the other ``C - r`` directions. When the codes span all of ``R^C``
+    (``r = C``; a random table with ``N >= C`` rows, almost surely) ``Pi = 0`` and nothing is left:
+    no linear map removes every code without removing every token too. The zero table gives ``I``.
+
+    Args:
+        table: ``(N, C)`` floating tensor, rows are position codes ``p_n``.
+        rtol: the tolerance of :func:`numerical_rank` (``None`` for its default); directions whose
+            singular value is below ``rtol * sigma_1`` are kept in ``Pi``, not removed.
+
+    Returns:
+        ``(C, C)`` float64 on the table's device: symmetric, idempotent, of trace ``C - r``.
+
+    Raises:
+        TypeError: if ``table`` is not a floating-point tensor.
+        ValueError: if ``table`` is not 2-D, is empty, or has a non-finite entry; if ``rtol`` is
+            not a real number ``>= 0``.
+    """
+    p = _as_float64(table)  # (N, C)
+    r = numerical_rank(table, rtol)
+    basis = torch.linalg.svd(p, full_matrices=False).Vh[:r]  # (r, C), orthonormal rows
+    return torch.eye(p.shape[1], dtype=p.dtype, device=p.device) - basis.T @ basis  # (C, C)
+
+
+READOUTS = ("nearest", "fitted")
+
+
+def token_readout_accuracy(tokens: Tensor, table: Tensor, scale: float = 1.0, *, readout: str = "nearest") -> float:
+    """The fraction of (token, position) pairs whose token a linear read-out finds in ``h = x_v + scale * p_n``.
+
+    All ``V N`` sums of a token embedding ``x_v`` and a scaled position code are formed and each is
+    read in one of two ways; both give one affine score per token and take the largest.
+
+    * ``"nearest"``: the nearest token embedding, ``argmin_v ||h - x_v||``, i.e. the largest of the
+      scores ``h . x_v - ||x_v||^2 / 2``. It knows the tokens only, not the position table.
+    * ``"fitted"``: an affine map ``h -> h W + b`` fitted by least squares to the one-hot token of
+      every sum (the normal equations over all ``V N`` sums, solved with a pseudo-inverse), then the
+      largest output. It sees the sums, so it can learn to ignore directions that carry only
+      position (:func:`complement_projector`). Least squares is not the best linear classifier, so
+      this is a lower bound on what a linear read-out can do.
+
+    Args:
+        tokens: ``(V, C)`` floating tensor, the token embeddings ``x_v``.
+        table: ``(N, C)`` floating tensor, the position codes ``p_n``.
+        scale: ``rho >= 0``, the factor on every code.
+        readout: ``"nearest"`` or ``"fitted"``.
+
+    Returns:
+        The fraction of the ``V N`` pairs read as their own token, a Python float in ``[0, 1]``
+        (a tie goes to the lower token index). Computed in float64, with memory ``O(V N (V + C))``.
+
+    Raises:
+        TypeError: if ``tokens`` or ``table`` is not a floating-point tensor.
+        ValueError: if either is not 2-D, is empty, or has a non-finite entry; if their widths ``C``
+            or devices differ; if ``scale`` is not a finite real number ``>= 0``; if ``readout`` is
+            unknown.
+    """
+    x = _as_float64(tokens, "tokens", "V")  # (V, C)
+    p = _as_float64(table)  # (N, C)
+    if x.shape[1] != p.shape[1]:
+        raise ValueError(
+            f"tokens and table must have the same width C, got shapes {tuple(x.shape)} and {tuple(p.shape)}"
+        )
+    if x.device != p.device:
+        raise ValueError(f"tokens and table must be on the same device, got {x.device} and {p.device}")
+    if not isinstance(scale, Real) or isinstance(scale, bool) or not 0 <= scale < math.inf:
+        raise ValueError(f"scale must be a finite real number >= 0, got {scale!r}")
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    num_tokens, num_positions = x.shape[0], p.shape[0]
+    tok = torch.arange(num_tokens, device=x.device).repeat_interleave(num_positions)  # (V N,): v of each pair
+    pos = torch.arange(num_positions, device=x.device).repeat(num_tokens)  # (V N,): n of each pair
+    h = x[tok] + float(scale) * p[pos]  # (V N, C)
+    if readout == "nearest":
+        found = torch.cdist(h, x).argmin(dim=1)  # (V N,)
+    else:
+        design = torch.cat([h, h.new_ones(len(h), 1)], dim=1)  # (V N, C + 1), the last column for the bias
+        moments = design.new_zeros(design.shape[1], num_tokens).index_add_(1, tok, design.T)  # X^T Y: (C + 1, V)
+        weights = torch.linalg.pinv(design.T @ design, hermitian=True) @ moments  # (C + 1, V)
+        found = (design @ weights).argmax(dim=1)  # (V N,)
+    return float((found == tok).double().mean())

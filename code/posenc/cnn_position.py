@@ -32,6 +32,9 @@ gradient-like maps (a regression); the targets are ordered, so a prediction one 
 cost less than one at the other end; and "no information" has a closed form, the variance of the
 targets, to which a trained error can be compared directly.
 
+:func:`receptive_field_sweep` trains the probe over a grid of depths and kernel sizes, so the error
+can be read against the receptive field: it follows the floor, which vanishes once ``RF >= L``.
+
 The experiment is sized for a laptop CPU: the defaults train in under a second per padding mode on
 one thread. Shapes: ``B`` batch, ``L`` sequence length (see the legend in :mod:`posenc`).
 """
@@ -39,7 +42,7 @@ one thread. Shapes: ``B`` batch, ``L`` sequence length (see the legend in :mod:`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -345,3 +348,97 @@ def train_position_probe(
         target_variance=target_variance(length),
         prediction=pred.mean(0).cpu(),
     )
+
+
+@dataclass
+class SweepResult:
+    """What :func:`receptive_field_sweep` measured: ``Nl`` depths x ``Nk`` kernel sizes x ``S`` seeds."""
+
+    layers: tuple[int, ...]  #: the depths, ``Nl`` of them
+    kernel_sizes: tuple[int, ...]  #: the kernel sizes, ``Nk`` of them
+    seeds: tuple[int, ...]  #: the seeds, ``S`` of them
+    receptive_field: Tensor  #: (Nl, Nk) int64, :func:`receptive_field`
+    floor: Tensor  #: (Nl, Nk) float64, :func:`constant_input_mse_floor` / Var(t)
+    error: Tensor  #: (Nl, Nk, S) float64, evaluation MSE / Var(t)
+    within_one: Tensor  #: (Nl, Nk, S) float64, fraction of locations within ±1 place
+    prediction: Tensor  #: (Nl, Nk, S, L) float64, mean prediction per location
+
+
+def _check_int_sequence(values, name: str, *, odd: bool = False, minimum: Optional[int] = 1) -> tuple[int, ...]:
+    what = "positive odd ints" if odd else "ints" if minimum is None else f"ints >= {minimum}"
+    ok = isinstance(values, Sequence) and not isinstance(values, str) and len(values) > 0
+    ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    ok = ok and (minimum is None or all(v >= minimum for v in values)) and (not odd or all(v % 2 for v in values))
+    if not ok:
+        raise ValueError(f"{name} must be a non-empty sequence of {what}, got {values!r}")
+    return tuple(values)
+
+
+def receptive_field_sweep(
+    length: int,
+    layers: Sequence[int],
+    kernel_sizes: Sequence[int],
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    steps: int = 300,
+    padding_mode: str = "zeros",
+    input_kind: str = "constant",
+    channels: int = 16,
+    lr: float = 3e-3,
+) -> SweepResult:
+    """Train the probe at every depth x kernel size x seed, and score it against the receptive field.
+
+    Each run is ``train_position_probe(PositionProbeCNN(channels, l, k, padding_mode, seed=s), length,
+    steps, input_kind=input_kind, lr=lr, seed=s)``: the seed fixes the initial weights and the noise,
+    so a run equals the same run made by hand, and the sweep is deterministic on the CPU. Errors are
+    given as a fraction of ``Var(t)`` (1: no position; 0: exact), beside the floor that the
+    receptive field ``RF = 1 + l (k - 1)`` puts under them (:func:`constant_input_mse_floor`, also
+    over ``Var(t)``; zero once ``RF >= length``).
+
+    Args:
+        length: sequence length ``L >= 2``.
+        layers: the depths to try, ``Nl`` ints ``>= 1``.
+        kernel_sizes: the kernel sizes to try, ``Nk`` positive odd ints.
+        seeds: ``S`` seeds, each one run per configuration.
+        steps: Adam steps per run, ``>= 0``.
+        padding_mode: one of :data:`PADDING_MODES`.
+        input_kind: one of :data:`INPUT_KINDS`.
+        channels: hidden channels of every network.
+        lr: Adam learning rate.
+
+    Returns:
+        A :class:`SweepResult`: ``receptive_field`` and ``floor`` ``(Nl, Nk)``; ``error`` and
+        ``within_one`` ``(Nl, Nk, S)``; ``prediction`` ``(Nl, Nk, S, L)``.
+
+    Raises:
+        ValueError: for a bad ``length``, ``layers``, ``kernel_sizes``, ``seeds``, ``steps``,
+            ``padding_mode``, ``input_kind``, ``channels`` or ``lr``.
+    """
+    _check_positive_int(length, "length", minimum=2)
+    layers = _check_int_sequence(layers, "layers")
+    kernel_sizes = _check_int_sequence(kernel_sizes, "kernel_sizes", odd=True)
+    seeds = _check_int_sequence(seeds, "seeds", minimum=None)
+    _check_positive_int(steps, "steps", minimum=0)
+    _check_padding_mode(padding_mode)
+    if input_kind not in INPUT_KINDS:
+        raise ValueError(f"input_kind must be one of {INPUT_KINDS}, got {input_kind!r}")
+    _check_positive_int(channels, "channels")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+
+    shape = (len(layers), len(kernel_sizes))
+    rf = torch.tensor([[receptive_field(n, k) for k in kernel_sizes] for n in layers])  # (Nl, Nk)
+    var = target_variance(length)
+    floor = torch.tensor([[constant_input_mse_floor(length, n, k, padding_mode) / var for k in kernel_sizes]
+                          for n in layers], dtype=torch.float64)  # (Nl, Nk)
+    error = torch.empty(*shape, len(seeds), dtype=torch.float64)  # (Nl, Nk, S)
+    within_one = torch.empty_like(error)
+    prediction = torch.empty(*shape, len(seeds), length, dtype=torch.float64)  # (Nl, Nk, S, L)
+    for a, n in enumerate(layers):
+        for b, k in enumerate(kernel_sizes):
+            for c, s in enumerate(seeds):
+                model = PositionProbeCNN(channels, n, k, padding_mode, seed=s)
+                run = train_position_probe(model, length, steps, input_kind=input_kind, lr=lr, seed=s)
+                error[a, b, c], within_one[a, b, c] = run.mse / var, run.within_one
+                prediction[a, b, c] = run.prediction
+    return SweepResult(layers, kernel_sizes, seeds, rf, floor, error, within_one, prediction)
