@@ -148,8 +148,9 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
 
 
 def tiny_protocol_study(**kw) -> Study:
+    kw.setdefault("grid", (1.0, 10.0))
     return dataclasses.replace(
-        tiny_study(protocol=True, grid=(1.0, 10.0), tuning_seed=9, curve_points=2, curve_windows=2, curve_examples=4, **kw),
+        tiny_study(protocol=True, tuning_seed=9, curve_points=2, curve_windows=2, curve_examples=4, **kw),
         arms=(Arm("nope", "nope"), Arm("learned", "learned"), Arm("sinusoidal", "sinusoidal")))
 
 
@@ -183,18 +184,21 @@ def test_a_protocol_cell_applies_its_multiplier_and_records_curve_and_items():
 
 
 def test_a_protocol_study_tunes_on_its_own_seed_then_runs_every_seed_at_the_choice_and_at_1(tmp_path):
-    from posenc.experiments.compare import chosen_mult, select
+    from posenc.experiments.compare import TIE, chosen_mult, select
 
     study, out = tiny_protocol_study(), tmp_path / "p.json"
     logs = []
     run_study(study, out, settings=["lm"], log=logs.append, poll_seconds=0.01)
     records = load_records(out)["records"]
     tuning = select(records, study, "tuning")
-    assert sorted((r["arm"], r["mult"]) for r in tuning) == [("learned", 1.0), ("learned", 10.0),
-                                                            ("sinusoidal", 1.0), ("sinusoidal", 10.0)]
+    # the grid (1, 10) for each tuned arm, and the step beyond the end it chose (0.1 or 100)
     for arm in ("learned", "sinusoidal"):
-        best = min(tuning, key=lambda r: r["tune_val_loss"] if r["arm"] == arm else math.inf)
+        mults = sorted(r["mult"] for r in tuning if r["arm"] == arm)
+        assert len(mults) == 3 and {1.0, 10.0} < set(mults) and set(mults) - {1.0, 10.0} <= {0.1, 100.0}
+        low = min(r["tune_val_loss"] for r in tuning if r["arm"] == arm)
+        best = min((r for r in tuning if r["arm"] == arm and r["tune_val_loss"] < low + TIE), key=lambda r: abs(math.log(r["mult"])))
         assert chosen_mult(records, study, arm, "lm") == best["mult"]
+    assert not any(r["arm"] == "nope" for r in tuning)
     # the choice is made on held-out windows: the tuning runs score them, the reported runs do not
     assert all("tune_val_loss" in r for r in tuning) and not any("tune_val_loss" in r for r in select(records, study))
     tuned, untuned = select(records, study, "tuned"), select(records, study, "untuned")
@@ -209,6 +213,7 @@ def test_a_shard_waits_for_the_other_shards_tuning_runs(tmp_path, monkeypatch):
     import posenc.experiments.compare as compare
 
     study, out = tiny_protocol_study(), tmp_path / "p.json"
+    study = dataclasses.replace(study, arms=tuple(dataclasses.replace(a, extend=False) for a in study.arms))
     logs, sleeps = [], []
 
     def sleep(seconds):  # while shard 0 waits, "shard 1" stores its tuning runs
@@ -244,3 +249,69 @@ def test_a_live_check_reproduces_a_stored_curve_point_from_the_first_steps():
     full = run_cell(study, "learned", 0, "lm", mult=10.0)
     part = run_cell(study, "learned", 0, "lm", mult=10.0, stop_after=2)
     assert part["curve"] == full["curve"][:1] and part["stopped_after"] == 2
+
+
+def test_ties_go_to_1_and_a_choice_at_an_end_of_the_grid_is_tried_one_step_further():
+    from posenc.experiments.compare import TIE, chosen_mult, grid_extension, pending_extension
+
+    study = tiny_protocol_study(grid=(0.3, 1.0, 3.0, 10.0))
+    rec = lambda arm, m, v: {"arm": arm, "setting": "lm", "seed": study.tuning_seed, "mult": m, "tune_val_loss": v}  # noqa: E731
+    # scores within TIE of the best tie, broken toward 1
+    flat = [rec("learned", 0.3, 1.7), rec("learned", 1.0, 1.5 + TIE / 2), rec("learned", 3.0, 1.5), rec("learned", 10.0, 1.6)]
+    assert chosen_mult(flat, study, "learned", "lm") == 1.0
+    flat[1]["tune_val_loss"] = 1.5 + 2 * TIE
+    assert chosen_mult(flat, study, "learned", "lm") == 3.0
+    # best at the top end: one more step (10 * 10 / 3) is needed before the choice is made
+    edge = [rec("learned", 0.3, 1.7), rec("learned", 1.0, 1.6), rec("learned", 3.0, 1.5), rec("learned", 10.0, 1.4)]
+    assert grid_extension((1.0, 3.0, 10.0), 10.0) == pytest.approx(100 / 3) and grid_extension((1.0, 3.0, 10.0), 3.0) is None
+    assert chosen_mult(edge, study, "learned", "lm") is None
+    assert pending_extension(edge, study, "learned", "lm") == pytest.approx(100 / 3)
+    done = edge + [rec("learned", 100 / 3, 1.45)]
+    assert chosen_mult(done, study, "learned", "lm") == 10.0 and pending_extension(done, study, "learned", "lm") is None
+    # an arm that cannot go further keeps its end
+    capped = dataclasses.replace(study, arms=tuple(dataclasses.replace(a, extend=False) for a in study.arms))
+    assert chosen_mult(edge, capped, "learned", "lm") == 10.0
+
+
+def test_run_study_runs_the_extension_before_the_reported_seeds(tmp_path, monkeypatch):
+    import posenc.experiments.compare as compare
+
+    study, out = tiny_protocol_study(grid=(1.0, 10.0)), tmp_path / "e.json"
+    real = compare.run_cell
+
+    def fake(st, arm, seed, setting, **kw):  # the learned arm is best at the top of the grid, then at the extension
+        record = real(st, arm, seed, setting, **kw)
+        if seed == st.tuning_seed and arm == "learned":
+            record["tune_val_loss"] = {1.0: 3.0, 10.0: 2.0, 100.0: 1.0}[kw["mult"]]
+        return record
+
+    monkeypatch.setattr(compare, "run_cell", fake)
+    run_study(study, out, settings=["lm"], log=lambda *a: None, poll_seconds=0.01)
+    records = load_records(out)["records"]
+    assert sorted(r["mult"] for r in records if r["arm"] == "learned" and r["seed"] == study.tuning_seed) == [1.0, 10.0, 100.0]
+    assert {r["mult"] for r in records if r["arm"] == "learned" and r["seed"] != study.tuning_seed} == {1.0, 100.0}
+
+
+def test_two_shards_share_the_extensions_of_the_grid_and_both_finish(tmp_path):
+    import threading
+
+    from posenc.experiments.compare import select
+
+    study, out = tiny_protocol_study(), tmp_path / "s.json"  # grid (1, 10): every choice is at an end
+    errors = []
+
+    def shard(i):
+        try:
+            run_study(study, out, settings=["lm"], shard=(i, 2), log=lambda *a: None, poll_seconds=0.01)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=shard, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors and not any(t.is_alive() for t in threads)
+    records = load_records(out)["records"]
+    assert sorted(r["arm"] for r in select(records, study, "tuning")) == ["learned"] * 3 + ["sinusoidal"] * 3
+    assert len(select(records, study, "tuned")) == 6

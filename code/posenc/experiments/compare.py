@@ -76,6 +76,9 @@ class Arm:
     #: ``scale``, else nothing (NoPE, RoPE, ALiBi)
     knob: Optional[str] = "auto"
     grid: Optional[tuple[float, ...]] = None  #: this arm's multipliers (``None``: the study's :attr:`Study.grid`)
+    #: whether a choice at an end of the grid is followed by one more multiplier beyond it
+    #: (:func:`grid_extension`); off where the knob cannot go further (a scale capped by the method)
+    extend: bool = True
 
     def make(self, config: LMConfig) -> PositionMethod | str:
         """The method to pass to :class:`~posenc.lm.TinyLM` for ``config``."""
@@ -285,8 +288,9 @@ def _arms_with(study: Study, **by_label: dict) -> tuple[Arm, ...]:
 
 PROTOCOL_STUDIES["methods"] = dataclasses.replace(PROTOCOL_STUDIES["methods"], arms=_arms_with(
     PROTOCOL_STUDIES["methods"],
-    # its scale is a modulation depth in (0, 1] (0.5 registered): the grid spans 0.125 .. 1
-    multiplicative={"grid": (0.25, 0.5, 1.0, 2.0)}))
+    # its scale is a modulation depth in (0, 1] (0.5 registered): the grid spans 0.125 .. 1, and
+    # cannot go further up
+    multiplicative={"grid": (0.25, 0.5, 1.0, 2.0), "extend": False}))
 PROTOCOL_STUDIES["naive"] = dataclasses.replace(PROTOCOL_STUDIES["naive"], arms=_arms_with(
     PROTOCOL_STUDIES["naive"],
     # chapter 1's raw codes are the point of comparison as they are; the matched ones are tuned
@@ -466,10 +470,37 @@ def arm_grid(study: Study, arm: Arm | str) -> tuple[float, ...]:
     return (1.0,) if arm_knob(study, arm) is None else tuple(float(m) for m in (arm.grid or study.grid))
 
 
+#: Scores of the tuning criterion that differ by less than this (nats) are ties, broken toward
+#: multiplier 1: a copy task learnt perfectly at several multipliers has answer losses of 1e-5
+#: and less, whose order means nothing.
+TIE = 1e-3
+
+
+def _best(tried: dict, mults, metric: str) -> float:
+    low = min(tried[m][metric] for m in mults)
+    return min((m for m in mults if tried[m][metric] < low + TIE), key=lambda m: abs(math.log(m)))
+
+
+def grid_extension(grid: Sequence[float], best: float) -> Optional[float]:
+    """The multiplier one step of the grid's spacing beyond its end, when ``best`` is at that end
+    (``grid[0]**2 / grid[1]`` below, ``grid[-1]**2 / grid[-2]`` above); ``None`` when ``best`` is inside."""
+    grid = sorted(grid)
+    if len(grid) < 2 or grid[0] < best < grid[-1]:
+        return None
+    return grid[0] ** 2 / grid[1] if best == grid[0] else grid[-1] ** 2 / grid[-2]
+
+
 def chosen_mult(records: Sequence[dict], study: Study, arm: str, setting: str) -> Optional[float]:
-    """The multiplier a protocol study chose for ``arm`` in ``setting``: the best :data:`CRITERIA`
-    score (held-out windows or examples) over the grid on the tuning seed, ties to the multiplier
-    nearest 1. ``1.0`` for an arm with no knob; ``None`` while the tuning runs are not all stored."""
+    """The multiplier a protocol study chose for ``arm`` in ``setting``.
+
+    The best :data:`CRITERIA` score (held-out windows or examples) on the tuning seed over the
+    arm's grid; scores within :data:`TIE` of each other tie, and ties go to the multiplier nearest 1.
+    A choice at an end of the grid is tried one step further (:func:`grid_extension`, unless the arm
+    says not to) and the best of all is kept; a choice there again is kept as it is (the text flags it).
+
+    Returns:
+        ``1.0`` for an arm with no knob; ``None`` while a tuning run it needs is not stored.
+    """
     grid = arm_grid(study, arm)
     if grid == (1.0,):
         return 1.0
@@ -478,7 +509,24 @@ def chosen_mult(records: Sequence[dict], study: Study, arm: str, setting: str) -
     if any(m not in tried for m in grid):
         return None
     metric = CRITERIA[setting]
-    return min(grid, key=lambda m: (tried[m][metric], abs(math.log(m))))
+    best = _best(tried, grid, metric)
+    extra = grid_extension(grid, best) if study.arm(arm).extend else None
+    if extra is None:
+        return best
+    if extra not in tried:
+        return None
+    return _best(tried, (*grid, extra), metric)
+
+
+def pending_extension(records: Sequence[dict], study: Study, arm: str, setting: str) -> Optional[float]:
+    """The extension multiplier :func:`chosen_mult` waits for (its tuning run is not stored), else ``None``."""
+    grid = arm_grid(study, arm)
+    tried = {r["mult"]: r for r in records if r["arm"] == arm and r["setting"] == setting
+             and r["seed"] == study.tuning_seed and "mult" in r}
+    if grid == (1.0,) or any(m not in tried for m in grid) or not study.arm(arm).extend:
+        return None
+    extra = grid_extension(grid, _best(tried, grid, CRITERIA[setting]))
+    return extra if extra is not None and extra not in tried else None
 
 
 def select(records: Sequence[dict], study: Study, role: str = "tuned") -> list[dict]:
@@ -512,9 +560,10 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     rebuilds the whole study.
 
     A protocol study (:attr:`Study.protocol`) runs in two phases: first the tuning seed at every
-    multiplier of each arm's grid (:func:`arm_grid`); once all of those are stored (a shard that
-    finishes its share waits, polling every ``poll_seconds``), every reported seed at the chosen
-    multiplier (:func:`chosen_mult`) and, where that is not 1, at 1 as well.
+    multiplier of each arm's grid (:func:`arm_grid`), and one step beyond a grid's end where the
+    best is there (:func:`pending_extension`); once all of those are stored (a shard that finishes
+    its share waits, polling every ``poll_seconds``), every reported seed at the chosen multiplier
+    (:func:`chosen_mult`) and, where that is not 1, at 1 as well.
 
     Returns:
         The stored study after this run.
@@ -529,8 +578,8 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
             raise ValueError(f"settings must be among {study.settings} for study {study.name!r}, got {setting!r}")
     origin = provenance(device)  # read once, before training: the code this process imported
 
-    def run(cells: list[tuple[str, int, str, float]], phase: str) -> None:
-        mine = cells[shard[0]::shard[1]]
+    def run(cells: list[tuple[str, int, str, float]], phase: str, dealt: bool = False) -> None:
+        mine = cells if dealt else cells[shard[0]::shard[1]]
         for i, (label, seed, setting, mult) in enumerate(mine):
             if (label, seed, setting, mult) in finished_keys(out, _cell_key):
                 continue
@@ -547,8 +596,17 @@ def run_study(study: Study, out: str | Path, *, arms: Optional[Sequence[str]] = 
     tuning = [(label, study.tuning_seed, setting, m) for setting in settings for label in labels
               if grids[label] != (1.0,) for m in grids[label]]
     run(tuning, "tune")
-    while True:  # every shard needs every arm's choice
+    # an extension of the grid is run by the shard that owns its (arm, setting) pair, whichever
+    # shard's runs completed that grid, so that no extension is left to nobody
+    pairs = [(label, setting) for setting in settings for label in labels if grids[label] != (1.0,)]
+    owned = set(pairs[shard[0]::shard[1]])
+    while True:  # every shard needs every arm's choice, extensions of the grid included
         records = load_records(out)["records"] if out.exists() else []
+        extra = [(label, study.tuning_seed, setting, m) for label, setting in pairs if (label, setting) in owned
+                 and (m := pending_extension(records, study, label, setting)) is not None]
+        if extra:
+            run(extra, "extend", dealt=True)
+            continue
         chosen = {(label, setting): chosen_mult(records, study, label, setting) for label in labels for setting in settings}
         if all(v is not None for v in chosen.values()):
             break
@@ -585,6 +643,7 @@ def _meta(study: Study, records: list[dict]) -> dict:
             "curve_points": study.curve_points, "curve_windows": study.curve_windows,
             "curve_examples": study.curve_examples, "evaluation": "the same validation windows and copy examples "
             "for every arm and seed (evenly spaced windows; examples drawn from seed 12345)",
+            "tie": TIE, "extension": "a choice at an end of the grid is tried one grid step further",
             "chosen": {f"{a} / {s}": chosen_mult(records, study, a, s) for a in arms for s in study.settings
                        if any(r["arm"] == a and r["setting"] == s for r in records)},
         }
