@@ -13,6 +13,7 @@ from posenc.absolute import (
     SinusoidalPE,
     difference_penalty,
     extend_table,
+    interpolate_table,
     inverse_frequencies,
     l2_penalty,
     layout_permutation,
@@ -205,6 +206,30 @@ def test_extend_table_validation():
         extend_table(torch.zeros(5, 2), 6, init="normal", std=0)
     with pytest.raises(TypeError, match="table must be a floating-point tensor"):
         extend_table(torch.zeros(5, 2, dtype=torch.long), 6)
+
+
+def test_interpolate_table_reads_the_table_between_its_rows(device):
+    table = torch.randn(5, 3, device=device, dtype=torch.float32)
+    twice = interpolate_table(table, 9)  # s = t / 2: the even rows are the old rows, the odd ones midpoints
+    assert twice.shape == (9, 3) and twice.device == table.device and twice.dtype == table.dtype
+    torch.testing.assert_close(twice[0::2], table)
+    torch.testing.assert_close(twice[1::2], (table[:-1] + table[1:]) / 2)
+    # a linear table stays on its line, to float64 rounding: row t of the result is a + b t (N - 1) / (N' - 1)
+    a, b = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    line = a + b * torch.arange(128, dtype=torch.float64).unsqueeze(1)  # (128, 3)
+    expected = a + b * (torch.arange(256, dtype=torch.float64) * 127 / 255).unsqueeze(1)
+    torch.testing.assert_close(interpolate_table(line, 256), expected, atol=1e-12, rtol=1e-12)
+    assert torch.equal(interpolate_table(table, 5), table)  # same length: unchanged
+    torch.testing.assert_close(interpolate_table(table, 3), table[0::2])  # shorter: every other row
+
+
+def test_interpolate_table_validation():
+    with pytest.raises(ValueError, match=r"num_positions must be an int >= 2, got 1"):
+        interpolate_table(torch.zeros(5, 2), 1)
+    with pytest.raises(ValueError, match="table must have at least 2 rows to interpolate between, got 1"):
+        interpolate_table(torch.zeros(1, 2), 4)
+    with pytest.raises(TypeError, match="table must be a floating-point tensor"):
+        interpolate_table(torch.zeros(5, 2, dtype=torch.long), 6)
 
 
 def test_learned_extended_is_a_new_module_covering_more_positions():

@@ -1,4 +1,4 @@
-"""Tests of posenc.diagnostics: attention entropy and attention by distance."""
+"""Tests of posenc.diagnostics: attention entropy, attention by distance, captured queries and keys, scores by distance."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc import LMConfig, TinyLM, attention
-from posenc.diagnostics import attention_by_distance, attention_entropy
+from posenc.diagnostics import attention_by_distance, attention_entropy, capture_qk, score_by_distance
 
 
 def causal_weights(B, H, T, S, device="cpu", seed=0):
@@ -75,3 +75,59 @@ def test_bad_weights(bad, error):
 def test_by_distance_rejects_non_causal_weights():
     with pytest.raises(ValueError, match="causal"):
         attention_by_distance(torch.full((3, 3), 1 / 3))
+
+
+def test_score_by_distance_is_the_mean_over_the_pairs_at_each_distance(device):
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 3, 7, 4, generator=gen).to(device) for _ in range(2))
+    got = score_by_distance(q, k)
+    assert got.shape == (2, 3, 7) and got.dtype == torch.float64 and got.device.type == torch.device(device).type
+    for d in range(7):  # the definition, by loops
+        pairs = [(q[..., i, :].double() * k[..., i - d, :].double()).sum(-1) / 2 for i in range(d, 7)]
+        torch.testing.assert_close(got[..., d], torch.stack(pairs).mean(0))
+    assert torch.allclose(score_by_distance(q, k, scale=1.0), 2 * got)
+
+
+def test_score_by_distance_of_rope_with_a_fixed_query_and_key_is_a_sum_of_cosines():
+    # Check of the mathematics: q and k the same at every position, rotated by RoPE: the score at distance d
+    # is sum_i |q_i||k_i| cos(d theta_i + phase_i), the same for every pair at that distance
+    from posenc.rope import RotaryEmbedding
+
+    T, D = 20, 8
+    rope = RotaryEmbedding(D, T)
+    q = torch.zeros(1, 1, T, D, dtype=torch.float64)
+    q[..., 0] = 1.0  # pair 0 (dims 0 and D/2 in the half layout): (1, 0)
+    k = q.clone()
+    qr, kr = rope.transform_qk(q, k, torch.arange(T), torch.arange(T), 0)
+    expected = torch.cos(torch.arange(T, dtype=torch.float64) * 1.0)  # theta_0 = base ** 0 = 1
+    torch.testing.assert_close(score_by_distance(qr, kr, scale=1.0)[0, 0], expected, atol=1e-6, rtol=0)  # fp32 cos/sin cache
+
+
+def test_capture_qk_records_what_attention_scores_and_restores_the_method():
+    torch.manual_seed(0)
+    model = TinyLM(LMConfig(vocab_size=32, d_model=16, n_layer=2, n_head=2, max_len=16), "rope").eval()
+    x = torch.randint(0, 32, (2, 10))
+    with capture_qk(model.position) as qk:
+        _, weights = model(x, return_weights=True)
+    assert [layer for layer, _, _ in qk] == [0, 1]
+    for (layer, q, k), w in zip(qk, weights):  # softmax of the captured scores are the model's weights
+        _, expected = attention(q, k, k, causal=True, return_weights=True)
+        torch.testing.assert_close(expected, w)
+    assert "transform_qk" not in vars(model.position)  # restored
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_qk(model.position):
+            raise RuntimeError("boom")
+    assert "transform_qk" not in vars(model.position)
+    with pytest.raises(TypeError, match="method must be a PositionMethod, got Linear"):
+        with capture_qk(torch.nn.Linear(2, 2)):
+            pass
+
+
+@pytest.mark.parametrize("q, k, error", [
+    (torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4), TypeError),
+    (torch.zeros(3, 4), torch.zeros(3, 5), ValueError),
+    (torch.zeros(4), torch.zeros(4), ValueError),
+])
+def test_score_by_distance_bad_input(q, k, error):
+    with pytest.raises(error):
+        score_by_distance(q, k)

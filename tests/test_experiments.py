@@ -216,12 +216,16 @@ def test_a_shard_waits_for_the_other_shards_tuning_runs(tmp_path, monkeypatch):
     study = dataclasses.replace(study, arms=tuple(dataclasses.replace(a, extend=False) for a in study.arms))
     logs, sleeps = [], []
 
+    poll, real_sleep = 0.0137, compare.time.sleep  # a poll no other caller of time.sleep (subprocess) uses
+
     def sleep(seconds):  # while shard 0 waits, "shard 1" stores its tuning runs
+        if seconds != poll:
+            return real_sleep(seconds)
         sleeps.append(seconds)
-        run_study(study, out, settings=["lm"], shard=(1, 2), log=lambda *a: None, poll_seconds=0.01)
+        run_study(study, out, settings=["lm"], shard=(1, 2), log=lambda *a: None, poll_seconds=poll)
 
     monkeypatch.setattr(compare.time, "sleep", sleep)
-    run_study(study, out, settings=["lm"], shard=(0, 2), log=logs.append, poll_seconds=0.01)
+    run_study(study, out, settings=["lm"], shard=(0, 2), log=logs.append, poll_seconds=poll)
     assert sleeps and any("waiting for" in line for line in logs)
 
 

@@ -52,9 +52,23 @@ def test_context_control_is_blind_to_positions_without_an_encoding():
     nope = TinyLM(TINY, "nope")
     out = context_control(nope, corpus.val, 16, num_windows=4)
     assert out["seen"] == pytest.approx(out["unseen"], abs=1e-6)      # NoPE: the positions change nothing
+    assert "interpolated" not in out
     learned = TinyLM(TINY, LearnedPE(32, 16, std=1.0))
+    table = learned.position.weight.detach().clone()
     out = context_control(learned, corpus.val, 16, num_windows=4)
     assert out["seen"] != pytest.approx(out["unseen"], abs=1e-4)      # a table: they do
+    assert torch.equal(learned.position.weight, table)                # the interpolated reading restores the table
+    # the interpolated reading is the model with rows 0..15 interpolated to 32, on the second halves of the long windows
+    from posenc.absolute import interpolate_table
+    from posenc.data import eval_windows
+    from posenc.lm import next_token_loss
+
+    x, y = eval_windows(corpus.val, 32, 4)
+    with torch.no_grad():
+        learned.position.weight.copy_(interpolate_table(table[:16], 32))
+        losses = next_token_loss(learned.eval()(x), y, reduction="none")
+    assert out["interpolated"] == pytest.approx(losses[:, 16:].mean().item(), rel=1e-5)
+    assert out["interpolated_first"] == pytest.approx(losses[:, :16].mean().item(), rel=1e-5)
 
 
 def test_finetune_new_rows_trains_only_the_new_rows_of_a_copy():

@@ -127,7 +127,7 @@ def test_protocol_summary_table_and_separation():
     recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s,
               "loss_per_window": [v, v]} for s in (0, 1, 2) for m, v in ((1.0, 1.9), (10.0, 1.5))]
     recs += [{"arm": "b", "setting": "lm", "seed": 9, "mult": m, "val_loss": v, "tune_val_loss": v}
-             for m, v in ((1.0, 1.9), (10.0, 1.5))]
+             for m, v in ((1.0, 1.9), (10.0, 1.5), (100.0, 1.7))]  # 10 is at the grid's end: one step beyond tried
     tuned = protocol_summary(recs, study, "val_loss", "lm")
     untuned = protocol_summary(recs, study, "val_loss", "lm", role="untuned")
     assert tuned["b"]["mult"] == 10.0 and untuned["b"]["mult"] == 1.0
@@ -154,6 +154,7 @@ def test_plot_intervals_and_curves_draw_every_arm():
             for s in (0, 1, 2)]
     recs += [{"arm": "b", "setting": "lm", "seed": s, "mult": m, "val_loss": v + 0.01 * s, "tune_val_loss": v,
               "curve": curve(v)} for s in (0, 1, 2, 9) for m, v in ((1.0, 1.9), (10.0, 1.5))]
+    recs += [{"arm": "b", "setting": "lm", "seed": 9, "mult": 100.0, "val_loss": 1.7, "tune_val_loss": 1.7, "curve": curve(1.7)}]
     fig, (ax1, ax2) = plt.subplots(1, 2)
     tuned = protocol_summary(recs, study, "val_loss", "lm")
     plot_intervals(ax1, tuned, ["a", "b"], untuned=protocol_summary(recs, study, "val_loss", "lm", role="untuned"),

@@ -219,6 +219,43 @@ def extend_table(
 # --- regularisers of a position table (source 000, eqs. 6.3.22-6.3.24) ---------------------------
 
 
+def interpolate_table(table: Tensor, num_positions: int) -> Tensor:
+    """A learned table resampled to ``num_positions`` rows by linear interpolation between its rows.
+
+    Row ``t`` of the result is the table read at the fractional row ``s = t (N - 1) / (N' - 1)``:
+    ``(1 - f) P[⌊s⌋] + f P[⌊s⌋ + 1]`` with ``f = s - ⌊s⌋``, so the first and last rows are kept and
+    every row of the result lies between two trained rows. This is the 1-D form of how ViT carries
+    its position embeddings to a longer sequence without training (Dosovitskiy et al. 2021,
+    arXiv:2010.11929, §3.2, which interpolates in 2-D over the patch grid); it squeezes ``N'``
+    positions into the span the table was trained on, as position interpolation does for RoPE
+    (Chen et al. 2023, arXiv:2306.15595). ``num_positions < N`` subsamples.
+
+    Args:
+        table: ``(N, C)`` floating tensor with ``N >= 2`` (not modified).
+        num_positions: ``N' >= 2``, rows of the result.
+
+    Returns:
+        ``(N', C)``, same dtype and device as ``table``, detached; computed in float64 where the
+        device has it.
+
+    Raises:
+        TypeError: if ``table`` is not a floating-point tensor.
+        ValueError: if ``table`` is not a 2-D tensor of at least 2 rows, or ``num_positions`` is not an int >= 2.
+    """
+    _check_table(table)
+    n = table.shape[0]
+    if n < 2:
+        raise ValueError(f"table must have at least 2 rows to interpolate between, got {n}")
+    if not isinstance(num_positions, int) or isinstance(num_positions, bool) or num_positions < 2:
+        raise ValueError(f"num_positions must be an int >= 2, got {num_positions!r}")
+    work = torch.float64 if _has_float64(table.device.type) else torch.float32
+    old = table.detach().to(work)
+    s = torch.arange(num_positions, device=table.device, dtype=work) * ((n - 1) / (num_positions - 1))  # (N',)
+    lo = s.floor().long().clamp(max=n - 2)  # (N',) the last row is reached with f = 1
+    f = (s - lo.to(work)).unsqueeze(1)  # (N', 1)
+    return ((1 - f) * old[lo] + f * old[lo + 1]).to(table.dtype)  # (N', C)
+
+
 def _check_table(table: Tensor) -> None:
     if not isinstance(table, Tensor) or not table.dtype.is_floating_point:
         got = table.dtype if isinstance(table, Tensor) else type(table).__name__

@@ -16,12 +16,22 @@ position (:func:`posenc.train.evaluate`) shows *where* a model fails; the two fu
 Both take the ``(B, H, T, S)`` weights that :class:`posenc.lm.TinyLM` returns with
 ``return_weights=True`` (rows sum to 1; causal, with query ``t`` at position ``S - T + t``), compute
 in float64 and return float64 tensors on the weights' device.
+
+Before the softmax, :func:`capture_qk` records the queries and keys a position method hands to
+attention (for RoPE, after the rotation), and :func:`score_by_distance` averages their scores over
+the pairs at each distance: the quantity whose decay RoFormer's bound is about (chapter 6).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+from typing import Iterator, Optional
+
 import torch
 from torch import Tensor
+
+from posenc.method import PositionMethod
 
 
 def _check_weights(weights: Tensor) -> None:
@@ -84,3 +94,71 @@ def attention_by_distance(weights: Tensor) -> Tensor:
     index = j.clamp(min=0).expand(*weights.shape[:-2], T, S)  # (..., T, S)
     out = torch.gather(weights.double(), -1, index)  # (..., T, S)
     return out.masked_fill(j < 0, 0.0)
+
+
+@contextlib.contextmanager
+def capture_qk(method: PositionMethod) -> Iterator[list]:
+    """Record what ``method.transform_qk`` returns while the block runs.
+
+    Inside ``with capture_qk(model.position) as qk:``, every call of the method's ``transform_qk``
+    (one per attention layer and forward pass) appends ``(layer, q, k)``, detached: the queries and
+    keys attention scores, after the method's transform (for RoPE, rotated). The method is restored
+    on exit, also after an exception.
+
+    Yields:
+        The list of ``(layer, q (B, H, T, D), k (B, H, S, D))`` records, filled as the model runs.
+
+    Raises:
+        TypeError: if ``method`` is not a :class:`~posenc.method.PositionMethod`.
+    """
+    if not isinstance(method, PositionMethod):
+        raise TypeError(f"method must be a PositionMethod, got {type(method).__name__}")
+    records: list = []
+    original = method.transform_qk
+
+    def recording(q, k, q_positions, k_positions, layer):
+        q, k = original(q, k, q_positions, k_positions, layer)
+        records.append((layer, q.detach(), k.detach()))
+        return q, k
+
+    method.transform_qk = recording  # an instance attribute, shadowing the class's method
+    try:
+        yield records
+    finally:
+        del method.transform_qk
+
+
+def score_by_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+    """Mean attention score ``scale * q_i . k_j`` over the query-key pairs at each distance ``d = i - j``.
+
+    Queries and keys of one causal self-attention over ``T`` tokens (query ``i`` and key ``j`` at
+    positions ``i`` and ``j``); distance ``d`` has ``T - d`` pairs per sequence, all averaged (and
+    over the batch and every other leading dimension but the last two, unless kept: see Returns).
+
+    Args:
+        q: ``(..., T, D)`` queries, after any position transform.
+        k: ``(..., T, D)`` keys, same shape.
+        scale: multiplies the dot product (default ``1 / sqrt(D)``, as attention does).
+
+    Returns:
+        ``(..., T)`` float64 on the inputs' device: entry ``d`` is the mean score at distance ``d``
+        for each leading index (average over the batch yourself, e.g. ``.mean(0)``).
+
+    Raises:
+        TypeError: if ``q`` or ``k`` is not a floating-point tensor.
+        ValueError: if their shapes differ or are not ``(..., T, D)`` with ``T, D >= 1``.
+    """
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+            got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
+    if q.shape != k.shape or q.dim() < 2 or 0 in q.shape[-2:]:
+        raise ValueError(f"q and k must both have shape (..., T, D) with T, D >= 1, got {tuple(q.shape)} and {tuple(k.shape)}")
+    T, D = q.shape[-2:]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale  # (..., T, T)
+    i = torch.arange(T, device=q.device)[:, None]  # (T, 1)
+    j = i - torch.arange(T, device=q.device)[None, :]  # (T, T): the key at distance d from query i
+    by_d = torch.gather(scores, -1, j.clamp(min=0).expand_as(scores)).masked_fill(j < 0, 0.0)  # (..., T, T)
+    count = torch.arange(T, 0, -1, device=q.device, dtype=torch.float64)  # T - d pairs at distance d
+    return by_d.sum(-2) / count  # (..., T)

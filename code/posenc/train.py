@@ -43,7 +43,7 @@ class TrainConfig:
     #: Adam each parameter moves about one learning rate per step whatever its scale, so this is the
     #: step size of the position parameters, the knob the experiments protocol tunes per method
     position_lr_mult: float = 1.0
-    #: AdamW's fused implementation (one kernel updates every parameter): the same update up to the
+    #: AdamW's fused implementation (one kernel updates every parameter), the same update up to the
     #: order of floating-point operations. For the tiny LM on one CPU thread it gained 0-7 % in steps/s
     #: (benchmarks/train_throughput.py), so the studies keep the default, which stored runs used.
     fused: bool = False
@@ -94,7 +94,7 @@ class TrainResult:
     penalties: list[float] = field(default_factory=list)  #: value of the penalty term at every step (0 without one)
     lrs: list[float] = field(default_factory=list)  #: learning rate used at every step
     seconds: float = 0.0  #: wall-clock time of the loop (the curve's measurements excluded)
-    #: the learning curve: ``{"step": s, **measure(model)}`` after each step ``s`` of ``curve_at``
+    #: the learning curve, ``{"step": s, **measure(model)}`` after each step ``s`` of ``curve_at``
     curve: list[dict] = field(default_factory=list)
 
     def smoothed(self, window: int = 20) -> list[float]:
@@ -366,7 +366,7 @@ class EvalResult:
     seq_len: int  #: window length T
     num_windows: int  #: windows averaged
     loss_per_position: Tensor  #: (T,) mean loss (nats) of the prediction made at each position
-    #: (num_windows,) mean loss of each window: the items a bootstrap of the evaluation sample resamples
+    #: ``(num_windows,)``, the mean loss of each window (the items a bootstrap of the evaluation sample resamples)
     loss_per_window: Optional[Tensor] = None
 
     @property

@@ -51,12 +51,12 @@ from posenc.train import TrainConfig, evaluate, task_accuracy, train, train_task
 SETTINGS = ("lm", "copy", "copy-long")
 
 
-#: What the protocol tunes per method (the book's "How the experiments work"): the step size of the
+#: What the protocol tunes per method (the book's "How the experiments work"), either the step size of the
 #: position method's parameters (a multiplier of their learning rate) or, for a method with no
 #: parameters, the scale of its fixed code (a multiplier of its ``scale``).
 KNOBS = ("position_lr", "code_scale")
 
-#: The multipliers every tuned method is tried at (the same small search for every method): one step
+#: The multipliers every tuned method is tried at (the same small search for every method); one step
 #: below the default and three above, since a shared learning rate limits how far a position
 #: parameter can travel (see the protocol chapter).
 GRID = (0.3, 1.0, 3.0, 10.0, 30.0)
@@ -71,7 +71,7 @@ class Arm:
     build: Optional[Callable[[LMConfig], PositionMethod]] = None  #: custom builder; ``None`` uses ``method``
     #: builds the regulariser from the freshly built model; returns the ``penalty`` of :func:`~posenc.train.train`
     penalty: Optional[Callable[[TinyLM], Callable[[], torch.Tensor]]] = None
-    #: what a protocol study tunes for this arm: a name of :data:`KNOBS`, ``None`` for nothing, or
+    #: what a protocol study tunes for this arm, a name of :data:`KNOBS`, ``None`` for nothing, or
     #: ``"auto"``: ``"position_lr"`` if the method has parameters, else ``"code_scale"`` if it has a
     #: ``scale``, else nothing (NoPE, RoPE, ALiBi)
     knob: Optional[str] = "auto"
@@ -126,9 +126,10 @@ class Study:
     eval_examples: int = 512  #: fresh examples of the copy score
     #: extra measurements of each trained model (both settings), ``measure(model, run) -> dict`` merged into its record
     measure: Optional[Callable[[TinyLM, TrainedRun], dict]] = None
-    #: the experiments protocol (book/results/protocol/): tune each arm's knob over ``grid`` on
-    #: ``tuning_seed``, run every seed at the chosen multiplier and, where it is not 1, at 1 too (the
-    #: untuned sensitivity); record the learning curve and the per-item scores of the evaluation
+    #: whether this is a study of the experiments protocol (stored under book/results/protocol/), which
+    #: tunes each arm's knob over ``grid`` on ``tuning_seed``, runs every seed at the chosen multiplier
+    #: and, where it is not 1, at 1 too (the untuned sensitivity), and records the learning curve and
+    #: the per-item scores of the evaluation sample
     protocol: bool = False
     grid: tuple[float, ...] = GRID  #: multipliers tried (protocol studies)
     tuning_seed: int = 100  #: the seed the multiplier is chosen on; never one of the reported seeds
@@ -195,14 +196,14 @@ def _alibi_before_scale(config: LMConfig) -> PositionMethod:
     return ALiBi(config.n_head, placement="before_scale", head_dim=config.head_dim)
 
 
-def _lambda_rule(penalty_name: str) -> Callable[[TinyLM], Callable[[], torch.Tensor]]:
-    """Chapter 3's rule: the penalty's weight makes it 0.1 nats on the model's initial table."""
+def _lambda_rule(penalty_name: str, nats: float = 0.1) -> Callable[[TinyLM], Callable[[], torch.Tensor]]:
+    """Chapter 3's rule: the penalty's weight makes it ``nats`` (0.1) nats on the model's initial table."""
     from posenc import absolute
 
     R = getattr(absolute, penalty_name)
 
     def factory(model: TinyLM) -> Callable[[], torch.Tensor]:
-        lam = 0.1 / R(model.position.table().detach()).item()
+        lam = nats / R(model.position.table().detach()).item()
         return lambda: lam * R(model.position.table())
 
     return factory
@@ -268,7 +269,7 @@ def _protocol(study: Study, **changes) -> Study:
     return dataclasses.replace(study, **(base | changes))
 
 
-#: The protocol's budgets: LM steps (batches of 16 windows of 128 bytes), where the budget study's
+#: The protocol's budgets, in LM steps (batches of 16 windows of 128 bytes), where the budget study's
 #: ranking has settled (its curves still fall: results are stated as after these steps), and
 #: copy-task steps (batches of 32), twice the longest earlier copy runs, reported with their curves.
 PROTOCOL_LM_STEPS = 4000

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 #: The confidence level of every interval the book reports.
 LEVEL = 0.95
 
-#: The level of the Welch interval behind "separated": two looks (3, then 5 seeds) at this level each
+#: The level of the Welch interval behind "separated"; two looks (3, then 5 seeds) at this level each
 #: call identical methods separated less than 5 % of the time.
 SEPARATION_LEVEL = 0.965
 

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from posenc.absolute import LearnedPE, SinusoidalPE, extend_table, sinusoidal_table
+from posenc.absolute import LearnedPE, SinusoidalPE, extend_table, interpolate_table, sinusoidal_table
 from posenc.analysis import (best_rank_k, condition_number, cosine_matrix, effective_rank, neighbour_cosine,
                              numerical_rank, singular_values)
 from posenc.data import eval_windows
@@ -81,26 +81,45 @@ def context_control(model: nn.Module, data: Tensor, train_len: int, *, num_windo
                     batch_size: int = 16) -> dict[str, float]:
     """Separate unseen positions from a longer context, without training.
 
-    Take the second halves (bytes ``n .. 2n-1``) of the ``2n``-byte evaluation windows and read them
-    in windows of their own, so the context is never longer than in training: once at positions
-    ``0 .. n-1`` (``"seen"``) and once at ``n .. 2n-1`` (``"unseen"``: new positions, the usual
-    context). Compare with the loss of the same bytes inside the full ``2n`` windows.
+    The same bytes, the second halves (bytes ``n .. 2n-1``) of the ``2n``-byte evaluation windows,
+    read four ways:
+
+    * ``"seen"``: in windows of their own at positions ``0 .. n-1`` (nothing new);
+    * ``"unseen"``: in windows of their own at positions ``n .. 2n-1`` (new positions, the usual context);
+    * ``"long"``: inside the ``2n`` windows (new positions and a context twice as long);
+    * ``"interpolated"`` (a :class:`~posenc.absolute.LearnedPE` model only): inside the ``2n``
+      windows, with the table replaced by its trained rows ``0 .. n-1`` interpolated to ``2n``
+      rows (:func:`~posenc.absolute.interpolate_table`): the long context, at positions made of
+      trained rows only; ``"interpolated_first"`` is the loss of the first halves there (positions
+      ``0 .. n-1``, whose codes the interpolation also changes).
 
     Returns:
-        ``{"seen": loss, "unseen": loss}`` in nats per token.
+        ``{"seen", "unseen", "long"[, "interpolated", "interpolated_first"]}``: losses in nats per token.
     """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     x_long, y_long = eval_windows(data, 2 * train_len, num_windows)  # (W, 2n)
     x_half, y_half = x_long[:, train_len:], y_long[:, train_len:]  # (W, n)
-    out = {}
-    for name, start in (("seen", 0), ("unseen", train_len)):
-        positions = torch.arange(start, start + train_len, device=device)
-        losses = [next_token_loss(model(x_half[i:i + batch_size].to(device), positions=positions),
-                                  y_half[i:i + batch_size].to(device), reduction="none").sum()
-                  for i in range(0, num_windows, batch_size)]
-        out[name] = float(torch.stack(losses).sum() / y_half.numel())
+
+    def token_losses(x: Tensor, y: Tensor, positions: Optional[Tensor] = None) -> Tensor:  # (W, T)
+        return torch.cat([next_token_loss(model(x[i:i + batch_size].to(device), positions=positions),
+                                          y[i:i + batch_size].to(device), reduction="none")
+                          for i in range(0, num_windows, batch_size)])
+
+    out = {name: float(token_losses(x_half, y_half, torch.arange(start, start + train_len, device=device)).mean())
+           for name, start in (("seen", 0), ("unseen", train_len))}
+    out["long"] = float(token_losses(x_long, y_long)[:, train_len:].mean())
+    if isinstance(model.position, LearnedPE):
+        weight = model.position.weight  # (N, C)
+        kept = weight.detach().clone()
+        try:
+            weight[:2 * train_len] = interpolate_table(kept[:train_len], 2 * train_len)
+            interpolated = token_losses(x_long, y_long)  # (W, 2n)
+            out["interpolated"] = float(interpolated[:, train_len:].mean())
+            out["interpolated_first"] = float(interpolated[:, :train_len].mean())
+        finally:
+            weight.copy_(kept)
     model.train(was_training)
     return out
 
