@@ -225,8 +225,8 @@ def interpolate_table(table: Tensor, num_positions: int) -> Tensor:
     Row ``t`` of the result is the table read at the fractional row ``s = t (N - 1) / (N' - 1)``:
     ``(1 - f) P[⌊s⌋] + f P[⌊s⌋ + 1]`` with ``f = s - ⌊s⌋``, so the first and last rows are kept and
     every row of the result lies between two trained rows. This is the 1-D form of how ViT carries
-    its position embeddings to a longer sequence without training (Dosovitskiy et al. 2021,
-    arXiv:2010.11929, §3.2, which interpolates in 2-D over the patch grid); it squeezes ``N'``
+    its position embeddings to a longer sequence before fine-tuning at a higher resolution
+    (Dosovitskiy et al. 2021, arXiv:2010.11929, §3.2, which interpolates in 2-D over the patch grid); it squeezes ``N'``
     positions into the span the table was trained on, as position interpolation does for RoPE
     (Chen et al. 2023, arXiv:2306.15595). ``num_positions < N`` subsamples.
 
