@@ -114,6 +114,11 @@ def test_capture_qk_records_what_attention_scores_and_restores_the_method():
         _, expected = attention(q, k, k, causal=True, return_weights=True)
         torch.testing.assert_close(expected, w)
     assert "transform_qk" not in vars(model.position)  # restored
+    with capture_qk(model.position) as outer:  # nested: the inner capture hands back the outer one's recorder
+        with capture_qk(model.position) as inner:
+            model(x)
+        model(x)
+    assert len(inner) == 2 and len(outer) == 4 and "transform_qk" not in vars(model.position)
     with pytest.raises(RuntimeError, match="boom"):
         with capture_qk(model.position):
             raise RuntimeError("boom")

@@ -102,8 +102,8 @@ def capture_qk(method: PositionMethod) -> Iterator[list]:
 
     Inside ``with capture_qk(model.position) as qk:``, every call of the method's ``transform_qk``
     (one per attention layer and forward pass) appends ``(layer, q, k)``, detached: the queries and
-    keys attention scores, after the method's transform (for RoPE, rotated). The method is restored
-    on exit, also after an exception.
+    keys that attention scores, after the method's transform (for RoPE, rotated). The method is
+    restored on exit, also after an exception, and captures may be nested.
 
     Yields:
         The list of ``(layer, q (B, H, T, D), k (B, H, S, D))`` records, filled as the model runs.
@@ -115,6 +115,7 @@ def capture_qk(method: PositionMethod) -> Iterator[list]:
         raise TypeError(f"method must be a PositionMethod, got {type(method).__name__}")
     records: list = []
     original = method.transform_qk
+    shadowed = vars(method).get("transform_qk")  # an enclosing capture's recorder, if any
 
     def recording(q, k, q_positions, k_positions, layer):
         q, k = original(q, k, q_positions, k_positions, layer)
@@ -125,15 +126,18 @@ def capture_qk(method: PositionMethod) -> Iterator[list]:
     try:
         yield records
     finally:
-        del method.transform_qk
+        if shadowed is None:
+            del method.transform_qk
+        else:
+            method.transform_qk = shadowed
 
 
 def score_by_distance(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
     """Mean attention score ``scale * q_i . k_j`` over the query-key pairs at each distance ``d = i - j``.
 
     Queries and keys of one causal self-attention over ``T`` tokens (query ``i`` and key ``j`` at
-    positions ``i`` and ``j``); distance ``d`` has ``T - d`` pairs per sequence, all averaged (and
-    over the batch and every other leading dimension but the last two, unless kept: see Returns).
+    positions ``i`` and ``j``); distance ``d`` has ``T - d`` pairs per sequence, which are averaged,
+    so long distances are seen only by late queries. Leading dimensions (batch, heads) are kept.
 
     Args:
         q: ``(..., T, D)`` queries, after any position transform.
