@@ -505,29 +505,34 @@ def chosen_mult(records: Sequence[dict], study: Study, arm: str, setting: str) -
     grid = arm_grid(study, arm)
     if grid == (1.0,):
         return 1.0
-    tried = {r["mult"]: r for r in records if r["arm"] == arm and r["setting"] == setting
-             and r["seed"] == study.tuning_seed and "mult" in r}
-    if any(m not in tried for m in grid):
+    state = _tuning_state(records, study, arm, setting)
+    if state is None:
         return None
-    metric = CRITERIA[setting]
-    best = _best(tried, grid, metric)
-    extra = grid_extension(grid, best) if study.arm(arm).extend else None
+    tried, best, extra = state
     if extra is None:
         return best
-    if extra not in tried:
-        return None
-    return _best(tried, (*grid, extra), metric)
+    return _best(tried, (*grid, extra), CRITERIA[setting]) if extra in tried else None
 
 
 def pending_extension(records: Sequence[dict], study: Study, arm: str, setting: str) -> Optional[float]:
     """The extension multiplier :func:`chosen_mult` waits for (its tuning run is not stored), else ``None``."""
+    state = _tuning_state(records, study, arm, setting) if arm_grid(study, arm) != (1.0,) else None
+    if state is None:
+        return None
+    tried, _, extra = state
+    return extra if extra is not None and extra not in tried else None
+
+
+def _tuning_state(records: Sequence[dict], study: Study, arm: str, setting: str) -> Optional[tuple]:
+    """``(tried, best on the grid, extension or None)`` for ``arm`` in ``setting``; ``None`` while a
+    run of the grid is missing. ``tried`` maps each stored multiplier to its tuning record."""
     grid = arm_grid(study, arm)
     tried = {r["mult"]: r for r in records if r["arm"] == arm and r["setting"] == setting
              and r["seed"] == study.tuning_seed and "mult" in r}
-    if grid == (1.0,) or any(m not in tried for m in grid) or not study.arm(arm).extend:
+    if any(m not in tried for m in grid):
         return None
-    extra = grid_extension(grid, _best(tried, grid, CRITERIA[setting]))
-    return extra if extra is not None and extra not in tried else None
+    best = _best(tried, grid, CRITERIA[setting])
+    return tried, best, grid_extension(grid, best) if study.arm(arm).extend else None
 
 
 def select(records: Sequence[dict], study: Study, role: str = "tuned") -> list[dict]:

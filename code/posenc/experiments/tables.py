@@ -111,15 +111,10 @@ def context_control(model: nn.Module, data: Tensor, train_len: int, *, num_windo
            for name, start in (("seen", 0), ("unseen", train_len))}
     out["long"] = float(token_losses(x_long, y_long)[:, train_len:].mean())
     if isinstance(model.position, LearnedPE):
-        weight = model.position.weight  # (N, C)
-        kept = weight.detach().clone()
-        try:
-            weight[:2 * train_len] = interpolate_table(kept[:train_len], 2 * train_len)
-            interpolated = token_losses(x_long, y_long)  # (W, 2n)
-            out["interpolated"] = float(interpolated[:, train_len:].mean())
-            out["interpolated_first"] = float(interpolated[:, :train_len].mean())
-        finally:
-            weight.copy_(kept)
+        rows = slice(0, 2 * train_len)
+        squeezed = interpolate_table(model.position.weight[:train_len].detach(), 2 * train_len)  # (2n, C)
+        for name, part in (("interpolated", slice(train_len, None)), ("interpolated_first", slice(0, train_len))):
+            out[name] = _loss_with_rows(model, data, rows, squeezed, 2 * train_len, num_windows, part)
     model.train(was_training)
     return out
 
