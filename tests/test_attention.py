@@ -183,7 +183,7 @@ def test_validation_messages():
         attention(q, k, v, bias=torch.ones(5, 7, dtype=torch.long))
     with pytest.raises(ValueError, match=r"does not broadcast to \(B, H, T, S\)"):
         attention(q, k, v, bias=torch.ones(5, 6, dtype=torch.float64))
-    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor.*attention_mask == 0"):
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor.*as attention_mask= instead"):
         attention(q, k, v, key_padding_mask=torch.ones(2, 7))
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, S\)"):
         attention(q, k, v, key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
@@ -468,3 +468,56 @@ def test_logn_length_validation(bad):
         SelfAttention(8, 2, logn_length=bad)
     with pytest.raises(ValueError, match=rf"length must be None \(off\) or an int >= 2 .*got {bad!r}"):
         logn_query_scale(torch.arange(3), bad)
+
+
+# ------------------------------------------------------------------ Hugging Face's attention_mask
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_a_hugging_face_mask_passed_as_a_padding_mask_is_refused(backend):
+    # transformers' attention_mask (1 = keep) turned into booleans has the opposite polarity of
+    # key_padding_mask (True = padding); passed as one it would attend to the padding alone. A row
+    # without padding then removes every key, which is refused.
+    q, k, v = qkv(B=2, T=4, S=4)
+    hf = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])  # row 1 left-padded by two
+    with pytest.raises(ValueError, match=r"key_padding_mask removes every key of batch rows \[0\].*attention_mask="):
+        attention(q, k, v, key_padding_mask=hf.bool(), causal=True, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.long, torch.bool, torch.float32])
+def test_attention_mask_takes_the_hugging_face_polarity(backend, dtype):
+    q, k, v = qkv(B=2, T=4, S=4)
+    hf = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]).to(dtype)
+    expected = attention(q, k, v, key_padding_mask=torch.tensor([[False] * 4, [True, True, False, False]]),
+                         causal=True, backend=backend)
+    got = attention(q, k, v, attention_mask=hf, causal=True, backend=backend)
+    torch.testing.assert_close(got, expected, **TOL[torch.float64])
+
+
+def test_attention_mask_validation():
+    from posenc.attention import padding_mask_from_hf
+
+    q, k, v = qkv(B=2, T=4, S=4)
+    pad = torch.zeros(2, 4, dtype=torch.bool)
+    with pytest.raises(ValueError, match="not both"):
+        attention(q, k, v, key_padding_mask=pad, attention_mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match=r"attention_mask must be Hugging Face's 2-D \(B, S\) mask.*pass it as bias="):
+        attention(q, k, v, attention_mask=torch.zeros(2, 1, 4, 4))
+    with pytest.raises(ValueError, match="attention_mask must hold only 0 and 1"):
+        padding_mask_from_hf(torch.tensor([[0.0, float("-inf")]]))
+    with pytest.raises(ValueError, match="attention_mask keeps no key in some batch row"):
+        padding_mask_from_hf(torch.tensor([[1, 1], [0, 0]]))
+    with pytest.raises(TypeError, match=r"attention_mask must be a \(B, S\) tensor of 0/1"):
+        padding_mask_from_hf([[1, 1]])
+    assert padding_mask_from_hf(torch.tensor([[1, 0]])).tolist() == [[False, True]]
+
+
+def test_self_attention_takes_attention_mask():
+    torch.manual_seed(0)
+    layer = SelfAttention(16, 2).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    hf = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    pos = torch.arange(5)
+    torch.testing.assert_close(layer(x, pos, NoPE(), attention_mask=hf),
+                               layer(x, pos, NoPE(), key_padding_mask=hf == 0), **TOL[torch.float64])

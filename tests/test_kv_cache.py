@@ -78,5 +78,72 @@ def test_kv_cache_bad_input():
     with pytest.raises(ValueError, match="max_len must be a positive int, got 0"):
         KVCache(1, 1, 2, 0, 8)
     cache = KVCache(1, 1, 2, 4, 8)
+    cache.reserve(torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match="do not fit a cache of \\(B, H, D\\) = \\(1, 2, 8\\)"):
         cache.update(0, torch.zeros(1, 3, 1, 8), torch.zeros(1, 3, 1, 8))
+
+
+def _manual_decode(model, idx, cache):
+    """Decode ``idx`` one token at a time through the cache by hand, as an engineer's loop would:
+    one ``reserve`` per step, one ``update`` per layer, nothing else."""
+    outs = []
+    for t in range(idx.shape[1]):
+        positions = torch.tensor([t])
+        key_positions = cache.reserve(positions)
+        x = model.position.transform_input(model.tok(idx[:, t : t + 1]), positions)
+        for layer, block in enumerate(model.blocks):
+            x, _ = block(x, positions, model.position, layer, None, False, cache, key_positions)
+        outs.append(model.head(model.ln_f(x)))
+    return torch.cat(outs, dim=1)
+
+
+def _rope_model_ids_cache(n_layer: int, T: int, seed: int):
+    """A small RoPE model, ``(1, T)`` token ids and an empty cache for it."""
+    model = TinyLM(LMConfig(vocab_size=30, d_model=16, n_head=2, n_layer=n_layer, max_len=16), "rope").eval()
+    idx = torch.randint(0, 30, (1, T), generator=torch.Generator().manual_seed(seed))
+    return model, idx, cache_for(model, batch=1)
+
+
+def test_a_step_closes_when_every_layer_has_written():
+    # a decode loop with no third call: the cache advances by itself once the last layer has
+    # written (a cache that had to be told to advance attended to the same keys at every step)
+    model, idx, cache = _rope_model_ids_cache(n_layer=3, T=7, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(_manual_decode(model, idx, cache), model(idx), atol=2e-5, rtol=1e-5)
+    assert cache.length == 7 and not cache.in_step
+
+
+def test_a_step_cannot_be_skipped_or_written_twice():
+    cache = KVCache(2, 1, 2, 8, 4)
+    k = torch.ones(1, 2, 1, 4)
+    with pytest.raises(ValueError, match=r"no open step: call reserve\(positions\)"):
+        cache.update(0, k, k)
+    cache.reserve(torch.tensor([0]))
+    cache.update(0, k, k)
+    assert cache.length == 0 and cache.in_step  # layer 1 has not written: nothing is cached yet
+    with pytest.raises(ValueError, match="layer 0 has already written its keys in this step"):
+        cache.update(0, k, k)
+    with pytest.raises(ValueError, match=r"the previous step \(1 tokens\) is still open: layers \[1\] of 2"):
+        cache.reserve(torch.tensor([1]))
+    with pytest.raises(ValueError, match="k/v hold T=2 new tokens but the step reserved 1"):
+        cache.update(1, torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4))
+    with pytest.raises(ValueError, match=r"layer must be an int in 0..1, got 2"):
+        cache.update(2, k, k)
+    k_all, _ = cache.update(1, k, k)
+    assert k_all.shape == (1, 2, 1, 4) and cache.length == 1 and not cache.in_step
+    with pytest.raises(TypeError, match="positions must be an integer tensor"):
+        cache.reserve(torch.tensor([1.0]))
+    with pytest.raises(ValueError, match=r"positions must be a non-empty 1-D tensor \(T,\), got shape \(1, 1\)"):
+        cache.reserve(torch.tensor([[1]]))
+
+
+def test_an_error_inside_a_layer_leaves_the_cache_usable():
+    model, idx, cache = _rope_model_ids_cache(n_layer=2, T=5, seed=2)
+    with torch.no_grad():
+        model(idx[:, :3], cache=cache)
+        bad = torch.ones(2, 3, dtype=torch.bool)  # padding mask of the wrong batch size: layer 0 raises
+        with pytest.raises(ValueError, match="key_padding_mask must have shape"):
+            model(idx[:, 3:4], cache=cache, key_padding_mask=bad)
+        assert cache.length == 3 and not cache.in_step
+        rest = torch.cat([model(idx[:, 3:4], cache=cache), model(idx[:, 4:5], cache=cache)], dim=1)
+        torch.testing.assert_close(rest, model(idx)[:, 3:], atol=2e-5, rtol=1e-5)

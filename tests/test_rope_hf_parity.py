@@ -75,3 +75,41 @@ def test_gptj_rotary_is_the_interleaved_layout(device):
     cos, sin = rope_cos_sin(torch.arange(T, device=device), inverse_frequencies(rotary_dim, device=device)[0])
     ours = apply_rope(x.transpose(1, 2), cos, sin, "interleaved").transpose(1, 2)  # (B, H, T, D) -> back
     torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-6)
+
+
+def phi2_rotary(device):
+    """transformers' rotary embedding of a Phi-2-shaped config: head 80, partial_rotary_factor 0.4 (R = 32)."""
+    from transformers import PhiConfig
+    from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+
+    config = PhiConfig(hidden_size=160, num_attention_heads=2, partial_rotary_factor=0.4, max_position_embeddings=2048)
+    return PhiRotaryEmbedding(config=config).to(device)
+
+
+def test_partial_rotary_full_width_cos_sin_are_refused_and_the_half_width_matches(device):
+    # transformers hands a partial-rotary model cos/sin of width R (the two halves repeated); posenc
+    # takes R/2. Passed as they are they would rotate 2R of the head's dims: refused, with the fix.
+    from transformers.models.phi.modeling_phi import apply_rotary_pos_emb
+
+    emb = phi2_rotary(device)
+    pos = torch.arange(7, 40, device=device)
+    q = torch.randn(1, 2, pos.numel(), 80, device=device, generator=None)
+    cos_hf, sin_hf = emb(q, pos[None])  # (1, T, 32)
+    assert cos_hf.shape[-1] == 32
+    with pytest.raises(ValueError, match=r"cos/sin of width 32 repeat themselves.*cos\[..., :16\]"):
+        apply_rope(q, cos_hf[:, None], sin_hf[:, None])
+    ours = apply_rope(q, cos_hf[:, None, :, :16], sin_hf[:, None, :, :16])
+    q_rot = apply_rotary_pos_emb(q[..., :32], q[..., :32], cos_hf, sin_hf)[0]  # Phi rotates q[..., :R] itself
+    torch.testing.assert_close(ours, torch.cat([q_rot, q[..., 32:]], -1), atol=1e-6, rtol=1e-6)
+    # a table of all-zero angles is the identity at any width, and position 0 alone is accepted
+    c0, s0 = emb(q[:, :, :1], torch.zeros(1, 1, dtype=torch.long, device=device))
+    torch.testing.assert_close(apply_rope(q[:, :, :1], c0[:, None], s0[:, None]), q[:, :, :1])
+
+
+def test_repeat_interleaved_cos_sin_are_refused(device):
+    inv, _ = inverse_frequencies(16, device=device)
+    c, s = rope_cos_sin(torch.arange(3, 9, device=device), inv)  # (6, 8)
+    x = torch.randn(2, 6, 64, device=device)
+    with pytest.raises(ValueError, match="repeat themselves"):
+        apply_rope(x, c.repeat_interleave(2, -1), s.repeat_interleave(2, -1), "interleaved")
+    apply_rope(x, c, s, "interleaved")  # the (..., R/2) table of the same angles is taken

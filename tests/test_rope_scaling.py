@@ -36,7 +36,8 @@ LONG = [1.0 + 1.5 * i for i in range(D // 2)]
 LONGROPE = {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG,
             "original_max_position_embeddings": 4096, "factor": 32.0}
 SCALINGS = {"default": {"rope_type": "default"}, "linear": LINEAR, "ntk_aware": NTK, "dynamic": DYNAMIC,
-            "yarn": YARN, "llama3": LLAMA3, "longrope": LONGROPE}
+            "yarn": YARN, "llama3": LLAMA3, "longrope": LONGROPE,
+            "proportional": {"rope_type": "proportional", "factor": 2.0, "proportion": 0.25}}
 
 
 def theta64(head_dim: int = D, base: float = BASE) -> torch.Tensor:
@@ -64,7 +65,8 @@ def test_every_variant_gives_fp32_frequencies_on_the_device(rope_type, device):
     inv, scale = freqs(SCALINGS[rope_type], seq_len=5000, device=device)
     assert inv.shape == (D // 2,) and inv.dtype == torch.float32 and inv.device.type == device.type
     assert isinstance(scale, float) and scale >= 1.0
-    assert bool((inv > 0).all()) and bool((inv[1:] < inv[:-1]).all())  # still one frequency per pair, decreasing
+    rotating = inv[: int(0.25 * D // 2)] if rope_type == "proportional" else inv  # the others have frequency 0
+    assert bool((rotating > 0).all()) and bool((rotating[1:] < rotating[:-1]).all())  # one per pair, decreasing
     cpu, _ = freqs(SCALINGS[rope_type], seq_len=5000)
     assert torch.equal(inv.cpu(), cpu)  # computed on the CPU, then moved: the same bits on every device
 
@@ -144,7 +146,6 @@ def test_a_kv_cache_is_exact_up_to_the_original_length_and_stale_past_it(device)
         c, s = rope_cos_sin(torch.tensor([t], device=device), inv)  # (1, D/2)
         cache.reserve(torch.tensor([t], device=device))
         keys, _ = cache.update(0, apply_rope(k[:, :, t : t + 1], c, s), v[:, :, t : t + 1])  # (1, H, n, D)
-        cache.advance(1)
         query = apply_rope(q[:, :, t : t + 1], c, s)  # (1, H, 1, D)
         c_all, s_all = rope_cos_sin(torch.arange(n, device=device), inv)  # every key with today's frequencies
         fresh = apply_rope(k[:, :, :n], c_all, s_all)
@@ -413,8 +414,8 @@ def test_longrope_in_phi3_layout():
         (LONGROPE, None, D, "rope_type 'longrope' depends on the current length: pass seq_len"),
         (NTK, None, 2, r"rope_type 'ntk_aware' changes the base by s\^\(D/\(D-2\)\) and needs head_dim > 2, got 2"),
         ({**YARN, "beta_slow": 0}, None, D, "beta_slow of a 'yarn' scaling must be a finite number > 0.0, got 0"),
-        ({**YARN, "beta_fast": 1.0}, None, D,
-         "beta_fast of a 'yarn' scaling must be > beta_slow, got beta_fast=1.0, beta_slow=1.0"),
+        ({**YARN, "beta_fast": 0.5}, None, D,
+         "beta_fast of a 'yarn' scaling must be >= beta_slow, got beta_fast=0.5, beta_slow=1.0"),
         ({**YARN, "truncate": "yes"}, None, D, "truncate of a 'yarn' scaling must be a bool, got 'yes'"),
         ({**YARN, "mscale": 0.707}, None, D,
          "takes mscale and mscale_all_dim together or neither, got mscale=0.707 and mscale_all_dim=None"),
@@ -424,8 +425,8 @@ def test_longrope_in_phi3_layout():
          "attention_factor of a 'yarn' scaling must be a finite number > 0.0, got -1.0"),
         ({**YARN, "mscale": 0.0, "mscale_all_dim": 1.0}, None, D,
          "mscale of a 'yarn' scaling must be a finite number > 0.0, got 0.0"),
-        ({**LLAMA3, "high_freq_factor": 1.0}, None, D,
-         "high_freq_factor of a 'llama3' scaling must be > low_freq_factor, got 1.0 and 1.0"),
+        ({**LLAMA3, "high_freq_factor": 0.5}, None, D,
+         "high_freq_factor of a 'llama3' scaling must be >= low_freq_factor, got 0.5 and 1.0"),
         ({**LLAMA3, "low_freq_factor": float("nan")}, None, D,
          "low_freq_factor of a 'llama3' scaling must be a finite number > 0.0"),
         ({**LONGROPE, "short_factor": [1.0] * 3}, 10, D,
@@ -461,7 +462,8 @@ YARN_DICT = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddin
          "the rope dict is .* in rope_parameters but .* in rope_scaling; give one value"),
         ({"rope_parameters": {"full_attention": YARN_DICT, "sliding_attention": {"rope_type": "default"}}}, {},
          ValueError,
-         r"the rope dict is nested per layer type \(\['full_attention', 'sliding_attention'\]\); pass one of them"),
+         r"the config has a rope per layer type \(\['full_attention', 'sliding_attention'\]\) and no layer_type was "
+         "given; pass layer_type=, or read them all with scaling_by_layer_type"),
         ({**YARN_DICT, "type": "linear"}, {}, ValueError, "rope_type is 'yarn' in rope_type but 'linear' in type"),
         ({"type": "su", "rope_theta": 1e4}, {}, ValueError,
          r"rope_type 'su' is not one posenc reads; known: \['default', 'dynamic'"),
@@ -487,7 +489,7 @@ YARN_DICT = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddin
          ValueError,
          r"rope_type 'llama3' needs original_max_position_embeddings \(or max_position_embeddings\)"),
         ({**YARN_DICT, "factor": None}, {}, ValueError,
-         "rope_type 'yarn' has no factor: pass max_position_embeddings="),
+         "rope_type 'yarn' has factor null: pass max_position_embeddings= to derive it"),
         ({"type": "longrope", "short_factor": SHORT, "long_factor": LONG, "original_max_position_embeddings": 4096,
           "rope_theta": 1e4},
          {}, ValueError, "rope_type 'longrope' has neither factor nor attention_factor"),

@@ -109,10 +109,62 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, bias, key_padding_mask, causal: b
             got = getattr(key_padding_mask, "dtype", type(key_padding_mask).__name__)
             raise TypeError(
                 f"key_padding_mask must be a bool tensor (True = padding, ignored), got {got}; "
-                "a Hugging Face attention_mask (1 = keep) converts as `attention_mask == 0`"
+                "pass a Hugging Face attention_mask (1 = keep) as attention_mask= instead"
             )
         if tuple(key_padding_mask.shape) != (B, S):
             raise ValueError(f"key_padding_mask must have shape (B, S) = {(B, S)}, got {tuple(key_padding_mask.shape)}")
+        _check_some_key_kept(key_padding_mask)
+
+
+def _check_some_key_kept(key_padding_mask: Tensor) -> None:
+    """Refuse a padding mask that removes every key of a sequence: the mark of a mask of the opposite
+    polarity (Hugging Face's ``attention_mask.bool()``, True = keep), which would otherwise attend
+    to the padding alone. Skipped while torch.compile traces (it reads the mask on the host)."""
+    if torch.compiler.is_compiling() or key_padding_mask.numel() == 0:
+        return
+    rows = key_padding_mask.all(dim=-1)  # (B,)
+    if bool(rows.any()):
+        bad = rows.nonzero().flatten().tolist()
+        raise ValueError(
+            f"key_padding_mask removes every key of batch rows {bad[:8]}{' ...' if len(bad) > 8 else ''}: True means "
+            "padding (ignored), and a sequence needs at least one key. A Hugging Face attention_mask (1 = keep) "
+            "goes in attention_mask=, or converts as key_padding_mask = attention_mask == 0"
+        )
+
+
+def padding_mask_from_hf(attention_mask: Tensor, name: str = "attention_mask") -> Tensor:
+    """posenc's ``key_padding_mask`` (True = padding) from Hugging Face's 2-D ``attention_mask``.
+
+    Hugging Face tokenizers return ``attention_mask`` of shape ``(B, S)`` with 1 at the tokens to
+    keep and 0 at padding: the opposite polarity of ``key_padding_mask``. This is the one place the
+    two meet, so that neither can be passed for the other silently.
+
+    Args:
+        attention_mask: ``(B, S)`` integer, bool or float tensor of zeros and ones, 1/True = keep.
+        name: the argument's name in error messages.
+
+    Returns:
+        ``(B, S)`` bool, True at padding.
+
+    Raises:
+        TypeError: a non-tensor.
+        ValueError: a tensor that is not 2-D (a 4-D additive mask is a ``bias``), values other
+            than 0 and 1, or a row that keeps no key.
+    """
+    if not isinstance(attention_mask, Tensor) or attention_mask.is_complex():
+        raise TypeError(f"{name} must be a (B, S) tensor of 0/1 (1 = keep), got {type(attention_mask).__name__}")
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"{name} must be Hugging Face's 2-D (B, S) mask of 0/1 (1 = keep), got shape {tuple(attention_mask.shape)}; "
+            "a 4-D additive mask (0 / -inf) is a bias: pass it as bias="
+        )
+    if attention_mask.dtype != torch.bool and not torch.compiler.is_compiling():
+        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError(f"{name} must hold only 0 and 1 (1 = keep); an additive mask (0 / -inf) is a bias: pass it as bias=")
+    padding = attention_mask == 0  # (B, S)
+    if not torch.compiler.is_compiling() and bool(padding.all(dim=-1).any()):
+        raise ValueError(f"{name} keeps no key in some batch row (all zeros); every sequence needs at least one key")
+    return padding
 
 
 def materialize_bias(bias_fn: BiasFn, B: int, H: int, T: int, S: int, device=None) -> Tensor:
@@ -261,6 +313,7 @@ def attention(
     bias_fn: Optional[BiasFn] = None,
     causal: bool = False,
     key_padding_mask: Optional[Tensor] = None,
+    attention_mask: Optional[Tensor] = None,
     scale: Optional[float] = None,
     backend: str = "reference",
     return_weights: bool = False,
@@ -285,7 +338,12 @@ def attention(
         causal: remove keys after each query; queries are the last ``T`` of the ``S`` keys
             (see :func:`causal_mask`). With ``T = S`` (or ``T = 1``), no bias and no padding,
             ``"sdpa"`` passes ``is_causal=True`` and builds no ``(T, S)`` mask.
-        key_padding_mask: optional ``(B, S)`` bool, ``True`` where the key is padding.
+        key_padding_mask: optional ``(B, S)`` bool, ``True`` where the key is padding. A mask that
+            removes every key of a batch row is refused (it is what a mask of the opposite
+            polarity looks like).
+        attention_mask: optional Hugging Face ``(B, S)`` mask of 0/1, ``1`` (or ``True``) where the
+            key is kept, as tokenizers return it (:func:`padding_mask_from_hf`). Give one of
+            ``key_padding_mask`` and ``attention_mask``.
         scale: logit scale; default ``1 / sqrt(D)``.
         backend: ``"reference"`` (explicit computation, logits and softmax in at least fp32),
             ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention``) or ``"flex"``
@@ -300,8 +358,13 @@ def attention(
         TypeError: non-tensor or non-float inputs, mixed dtypes, a non-bool padding mask.
         ValueError: inconsistent shapes (the message names the tensors and their shapes),
             an unknown backend, ``causal`` with ``T > S``, ``return_weights`` without
-            ``"reference"``, both ``bias`` and ``bias_fn``.
+            ``"reference"``, both ``bias`` and ``bias_fn``, both masks, a padding mask that removes
+            every key of a row.
     """
+    if attention_mask is not None:
+        if key_padding_mask is not None:
+            raise ValueError("give key_padding_mask (True = padding) or attention_mask (1 = keep), not both")
+        key_padding_mask = padding_mask_from_hf(attention_mask)
     _validate(q, k, v, bias, key_padding_mask, causal, backend)
     if return_weights and backend != "reference":
         raise ValueError(f"return_weights=True needs backend='reference', got backend={backend!r}")
@@ -459,6 +522,7 @@ class SelfAttention(nn.Module):
         layer: int = 0,
         causal: bool = True,
         key_padding_mask: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
         return_weights: bool = False,
         cache=None,
         key_positions: Optional[Tensor] = None,
@@ -473,6 +537,8 @@ class SelfAttention(nn.Module):
             causal: apply the causal mask.
             key_padding_mask: optional ``(B, S)`` bool, ``True`` at padding keys (``S = T`` without
                 a cache).
+            attention_mask: optional Hugging Face ``(B, S)`` 0/1 mask, ``1`` at kept keys; instead of
+                ``key_padding_mask`` (see :func:`attention`).
             return_weights: also return ``(B, H, T, S)`` attention weights (uses the reference backend).
             cache: optional :class:`posenc.kv_cache.KVCache`; the new keys/values (after
                 ``transform_qk``) are stored in slot ``layer`` and the queries attend to every
@@ -507,6 +573,7 @@ class SelfAttention(nn.Module):
         bias = method.attention_bias(q, k, positions, k_positions, layer) if bias_fn is None else None
         result = attention(
             q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
+            attention_mask=attention_mask,
             backend=backend, return_weights=want_weights,
         )
         y, weights = result if want_weights else (result, None)

@@ -8,9 +8,13 @@ rotated by ``m`` and ``<R_m q, R_n k> = <q, R_{n-m} k>`` holds with the stored `
 nothing in the cache is ever rotated again. Methods that add a bias read the positions of the
 cached keys (:attr:`KVCache.positions`).
 
-The cache is preallocated (``max_len`` slots) and explicit: :meth:`posenc.lm.TinyLM.forward` writes
-the new tokens' keys and values with :meth:`KVCache.update` in every layer, then calls
-:meth:`KVCache.advance`. Exceeding ``max_len`` raises ``ValueError``.
+The cache is preallocated (``max_len`` slots) and explicit. Decoding a step takes one call by the
+model and one per layer, in a state that cannot be skipped: :meth:`KVCache.reserve` opens the step
+with the new tokens' positions, each layer stores its keys and values once with
+:meth:`KVCache.update`, and the step closes by itself when the last layer has written (nothing
+is cached before that). Opening a step before every layer of the previous one has written, writing
+a layer twice in a step, or writing outside a step raises ``ValueError``, as does exceeding
+``max_len``. :meth:`posenc.lm.TinyLM.forward` does all of this when it is given a cache.
 """
 
 from __future__ import annotations
@@ -24,10 +28,18 @@ from torch import Tensor
 class KVCache:
     """Preallocated keys, values and key positions for ``n_layer`` attention layers.
 
+    One decoding step (``T`` new tokens) is ``reserve(positions)`` then ``update(layer, k, v)`` for
+    every layer, in any order; the ``T`` tokens count as cached (:attr:`length` grows by ``T``)
+    when the last layer has written::
+
+        key_positions = cache.reserve(positions)         # (S,) = earlier tokens' positions + the new ones
+        for layer in range(n_layer):
+            k_all, v_all = cache.update(layer, k, v)      # (B, H, S, D): attend to these
+
     Args:
         n_layer: number of layers.
         batch: batch size ``B``.
-        n_head: heads ``H``.
+        n_head: key/value heads ``H`` (with grouped-query attention, the number of key heads).
         max_len: number of slots (the longest sequence the cache can hold).
         head_dim: ``D``.
         dtype: dtype of the stored keys and values (that of the model's activations).
@@ -36,7 +48,7 @@ class KVCache:
     Attributes:
         k, v: ``(n_layer, B, H, max_len, D)`` buffers; slots ``0 .. length-1`` are filled.
         positions: ``(max_len,)`` int64 positions of the cached tokens.
-        length: number of filled slots.
+        length: number of cached tokens (those of finished steps).
 
     Raises:
         ValueError: non-positive sizes.
@@ -62,13 +74,35 @@ class KVCache:
         self.positions = torch.zeros(max_len, dtype=torch.long, device=device)
         self.length = 0
         self.max_len = max_len
+        self.n_layer = n_layer
+        self._step: Optional[int] = None  # T of the open step, None between steps
+        self._written: set[int] = set()  # layers that have written in the open step
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open: reserved, and not yet written by every layer."""
+        return self._step is not None
 
     def reserve(self, positions: Tensor) -> Tensor:
-        """Record the positions of ``T`` new tokens; return all ``(S,)`` key positions, ``S = length + T``.
+        """Open a step: record the positions of ``T`` new tokens; return all ``(S,)`` key positions.
+
+        ``S = length + T``: the cached tokens' positions followed by ``positions``.
 
         Raises:
-            ValueError: if the new tokens do not fit in the cache.
+            TypeError: ``positions`` that is not an integer tensor.
+            ValueError: ``positions`` that is not 1-D or is empty, new tokens that do not fit in the
+                cache, or a step still open (a layer of the previous step has not written).
         """
+        if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+            raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
+        if positions.dim() != 1 or positions.numel() == 0:
+            raise ValueError(f"positions must be a non-empty 1-D tensor (T,), got shape {tuple(positions.shape)}")
+        if self._step is not None:
+            missing = sorted(set(range(self.n_layer)) - self._written)
+            raise ValueError(
+                f"the previous step ({self._step} tokens) is still open: layers {missing} of {self.n_layer} have not "
+                "written their keys with update(); write them, or call cancel_step() to drop the step"
+            )
         T = positions.numel()
         if self.length + T > self.max_len:
             raise ValueError(
@@ -76,37 +110,54 @@ class KVCache:
                 f"cannot take {T} more; build a larger cache"
             )
         self.positions[self.length : self.length + T] = positions.to(self.positions.device)
+        self._step, self._written = T, set()
         return self.positions[: self.length + T]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store layer ``layer``'s keys/values ``(B, H, T, D)`` of the new tokens after the cached ones.
+        """Store layer ``layer``'s keys/values ``(B, H, T, D)`` of the open step after the cached ones.
+
+        The last layer to write closes the step: :attr:`length` grows by ``T``.
 
         Returns:
             ``(k_all, v_all)``, each ``(B, H, S, D)`` with ``S = length + T``: views of the cache.
 
         Raises:
-            ValueError: shapes that do not match the cache, or a full cache.
+            ValueError: no open step (call :meth:`reserve` first), a layer outside ``0 .. n_layer-1``
+                or written twice in the step, or shapes that do not match the cache and the step.
         """
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layer:
+            raise ValueError(f"layer must be an int in 0..{self.n_layer - 1}, got {layer!r}")
+        if self._step is None:
+            raise ValueError("no open step: call reserve(positions) with the new tokens' positions before update()")
+        if layer in self._written:
+            raise ValueError(f"layer {layer} has already written its keys in this step")
         B, H, T, D = k.shape
         if (B, H, D) != (self.k.shape[1], self.k.shape[2], self.k.shape[4]) or v.shape != k.shape:
             raise ValueError(
                 f"k/v of shapes {tuple(k.shape)}/{tuple(v.shape)} do not fit a cache of (B, H, D) = "
                 f"{(self.k.shape[1], self.k.shape[2], self.k.shape[4])}"
             )
-        if self.length + T > self.max_len:
-            raise ValueError(f"KV cache is full ({self.length} + {T} > max_len={self.max_len})")
+        if T != self._step:
+            raise ValueError(f"k/v hold T={T} new tokens but the step reserved {self._step}")
         end = self.length + T
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        k_all, v_all = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self._written.add(layer)
+        if len(self._written) == self.n_layer:  # every layer has written: the step is cached
+            self.length, self._step, self._written = end, None, set()
+        return k_all, v_all
 
-    def advance(self, T: int) -> None:
-        """Mark the ``T`` tokens written by :meth:`reserve`/:meth:`update` as cached."""
-        self.length += T
+    def cancel_step(self) -> None:
+        """Close the open step without caching its tokens (after an error in one of the layers).
+
+        What its layers wrote lies past :attr:`length` and is overwritten by the next step.
+        """
+        self._step, self._written = None, set()
 
     def reset(self) -> None:
-        """Forget every cached token (the buffers are kept)."""
-        self.length = 0
+        """Forget every cached token and any open step (the buffers are kept)."""
+        self.length, self._step, self._written = 0, None, set()
 
     def nbytes(self) -> int:
         """Memory held by the key and value buffers, in bytes."""

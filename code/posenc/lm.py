@@ -176,15 +176,18 @@ class TinyLM(nn.Module):
         self.position.check(positions)
         if cache is not None and not self.position.supports_kv_cache:
             raise ValueError(f"{type(self.position).__name__} cannot be used with a KV cache (supports_kv_cache is False)")
-        key_positions = None if cache is None else cache.reserve(positions)  # (S,)
         x = self.tok(idx)  # (B, T, C)
         x = self.position.transform_input(x, positions)  # (B, T, C)
+        key_positions = None if cache is None else cache.reserve(positions)  # (S,)
         weights = []
-        for layer, block in enumerate(self.blocks):
-            x, w = block(x, positions, self.position, layer, key_padding_mask, return_weights, cache, key_positions)
-            weights.append(w)
-        if cache is not None:
-            cache.advance(T)
+        try:
+            for layer, block in enumerate(self.blocks):
+                x, w = block(x, positions, self.position, layer, key_padding_mask, return_weights, cache, key_positions)
+                weights.append(w)
+        except BaseException:
+            if cache is not None:  # the step's tokens are not cached; the cache stays usable
+                cache.cancel_step()
+            raise
         logits = self.head(self.ln_f(x))  # (B, T, V)
         return (logits, weights) if return_weights else logits
 

@@ -31,18 +31,21 @@ position's cos/sin never depend on which other positions are in the same call. c
 returned in fp32 and the rotation is computed in fp32 whatever the dtype of ``x``, rounding once
 at the end.
 
-The package has four modules; it re-exports the public names of the first three:
+The package has five modules; it re-exports the public names of the first four:
 
 ==============================  ====================================================================
 module                          what
 ==============================  ====================================================================
 :mod:`.frequencies`             ``θ_i`` and the table of scalings that stretch them to longer
-                                contexts (linear, NTK-aware, dynamic NTK, YaRN, Llama 3, LongRoPE):
+                                contexts (linear, NTK-aware, dynamic NTK, YaRN, Llama 3, LongRoPE,
+                                proportional):
                                 :func:`inverse_frequencies`, :data:`~posenc.rope.frequencies.ROPE_SCALINGS`
 :mod:`.hf_config`               :func:`scaling_from_hf`: the base, scaling and rotated dims of a
-                                Hugging Face checkpoint's ``config.json``
+                                Hugging Face checkpoint's ``config.json`` (per layer type:
+                                :func:`scaling_by_layer_type`)
 :mod:`.rotation`                cos/sin (:func:`rope_cos_sin`), the rotation (:func:`apply_rope`),
                                 layouts, axial 2-D RoPE, the :class:`RotaryEmbedding` method
+:mod:`.multimodal`              multimodal RoPE (Qwen2-VL's M-RoPE): :func:`mrope_cos_sin`
 :mod:`.kernel`                  the rotation as one Triton kernel on CUDA, bit-identical to the
                                 eager one (:func:`~posenc.rope.kernel.rope_kernel`), which
                                 :func:`apply_rope` takes by default where it can
@@ -59,11 +62,13 @@ from posenc.rope.frequencies import (
     llama3_inv_freq,
     longrope_inv_freq,
     ntk_aware_inv_freq,
+    proportional_inv_freq,
     wavelengths,
     yarn_inv_freq,
     yarn_mscale,
 )
-from posenc.rope.hf_config import HF_ROPE_KEYS, HFRope, scaling_from_hf
+from posenc.rope.hf_config import HF_ROPE_KEYS, HFRope, scaling_by_layer_type, scaling_from_hf
+from posenc.rope.multimodal import mrope_axes, mrope_cos_sin
 from posenc.rope.rotation import (
     APPLY_BACKENDS,
     COMPILE_MIN_NUMEL,
@@ -98,9 +103,13 @@ __all__ = [
     "linear_inv_freq",
     "llama3_inv_freq",
     "longrope_inv_freq",
+    "mrope_axes",
+    "mrope_cos_sin",
     "ntk_aware_inv_freq",
     "permute_qk_weight",
+    "proportional_inv_freq",
     "rope_cos_sin",
+    "scaling_by_layer_type",
     "scaling_from_hf",
     "wavelengths",
     "yarn_inv_freq",

@@ -18,6 +18,8 @@ yarn          ``θ_i`` for short wavelengths, ``θ_i / s`` for long,   ``0.1 ln 
               a linear ramp between
 llama3        the same three bands, cut by wavelength                1
 longrope      ``θ_i / a_i`` with a searched factor ``a_i`` per pair  ``sqrt(1 + ln s / ln L)``
+proportional  ``θ_i / s`` for the first ``p D/2`` pairs, 0 (not      1
+              rotated) for the rest
 ============  =====================================================  ================================
 
 Every entry but ``ntk_aware`` is one of Hugging Face's ``rope_type`` values and gives the same
@@ -238,7 +240,8 @@ def yarn_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional
     pair index ``i`` rather than in ``r`` (eq. 18): it rises from 0 at ``i_fast`` to 1 at ``i_slow``,
     where ``i_β = D ln(L / (2π β)) / (2 ln b)`` is the (fractional) index of the pair that turns
     ``β`` times; with ``truncate`` the two are rounded outwards (floor, ceil), and they are clipped to
-    ``[0, D - 1]`` as in that code.
+    ``[0, D - 1]`` as in that code. Equal betas (Kimi-K2 publishes ``beta_fast = beta_slow = 1``)
+    leave a ramp one pair wide, or 0.001 wide where the two indices coincide (the authors' guard).
 
     The attention scale is ``attention_factor`` if given; else, with DeepSeek's ``mscale`` and
     ``mscale_all_dim``, ``yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim)``; else
@@ -254,7 +257,7 @@ def yarn_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional
 
     Raises:
         ValueError: missing or extra keys, ``factor < 1``, non-positive lengths, betas or scales,
-            ``beta_fast <= beta_slow``, a non-bool ``truncate``, only one of ``mscale`` and
+            ``beta_fast < beta_slow``, a non-bool ``truncate``, only one of ``mscale`` and
             ``mscale_all_dim``, or ``attention_factor`` together with them.
     """
     optional = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
@@ -262,8 +265,8 @@ def yarn_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional
     p = _params(config, "yarn", ("factor", "original_max_position_embeddings"), optional)
     factor, L = _factor(p, "yarn"), _length(p, "yarn")
     fast, slow = _real(p, "yarn", "beta_fast"), _real(p, "yarn", "beta_slow")
-    if fast <= slow:
-        raise ValueError(f"beta_fast of a 'yarn' scaling must be > beta_slow, got beta_fast={fast}, beta_slow={slow}")
+    if fast < slow:
+        raise ValueError(f"beta_fast of a 'yarn' scaling must be >= beta_slow, got beta_fast={fast}, beta_slow={slow}")
     if not isinstance(p["truncate"], bool):
         raise ValueError(f"truncate of a 'yarn' scaling must be a bool, got {p['truncate']!r}")
 
@@ -308,27 +311,33 @@ def llama3_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Option
     ``apply_scaling``). With ``L`` the original length, wavelengths ``λ_i < L / high_freq_factor``
     keep ``θ_i``, wavelengths ``λ_i > L / low_freq_factor`` get ``θ_i / s``, and in between
     ``θ'_i = (1 - w) θ_i / s + w θ_i`` with ``w = (L / λ_i - low_freq_factor) / (high_freq_factor -
-    low_freq_factor)``, which is continuous at both cut-offs. Hugging Face's ``"llama3"``.
+    low_freq_factor)``, which is continuous at both cut-offs. Hugging Face's ``"llama3"``. With
+    ``low_freq_factor = high_freq_factor`` (Llama 4) the blend is empty: ``θ_i`` below the cut-off
+    wavelength, ``θ_i / s`` above it (Hugging Face computes the same, with NaN for a pair exactly
+    at the cut-off, which posenc leaves unscaled).
 
     Args:
         config: ``{"rope_type": "llama3", "factor": s, "low_freq_factor": a, "high_freq_factor": c,
-            "original_max_position_embeddings": L}``, ``0 < a < c``.
+            "original_max_position_embeddings": L}``, ``0 < a <= c``.
 
     Returns:
         ``(D/2,)`` float32 frequencies and attention scale 1.0.
 
     Raises:
         ValueError: missing or extra keys, ``factor < 1``, non-positive ``L`` or frequency factors,
-            ``high_freq_factor <= low_freq_factor``.
+            ``high_freq_factor < low_freq_factor``.
     """
     p = _params(config, "llama3", ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
     factor, L = _factor(p, "llama3"), _length(p, "llama3")
     low, high = _real(p, "llama3", "low_freq_factor"), _real(p, "llama3", "high_freq_factor")
-    if high <= low:
-        raise ValueError(f"high_freq_factor of a 'llama3' scaling must be > low_freq_factor, got {high} and {low}")
+    if high < low:
+        raise ValueError(f"high_freq_factor of a 'llama3' scaling must be >= low_freq_factor, got {high} and {low}")
     inv_freq = default_inv_freq(head_dim, base, {}, None, "cpu")[0].double()  # (D/2,)
     wavelength = 2 * math.pi / inv_freq
-    w = ((L / wavelength - low) / (high - low)).clamp(0, 1)  # 0 for λ >= L/low, 1 for λ <= L/high
+    if high == low:  # no blend: a step at λ = L / low (Llama 4); a pair exactly there keeps θ_i
+        w = (L / wavelength >= low).double()
+    else:
+        w = ((L / wavelength - low) / (high - low)).clamp(0, 1)  # 0 for λ >= L/low, 1 for λ <= L/high
     return (inv_freq * (1 - w) / factor + inv_freq * w).float().to(device), 1.0
 
 
@@ -382,6 +391,33 @@ def longrope_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Opti
     return inv_freq, 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(L))
 
 
+def proportional_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional[int], device: DeviceLike):
+    """Proportional RoPE: the first ``int(p D / 2)`` pairs rotate, the others do not.
+
+    Hugging Face's ``"proportional"`` (Gemma 4's global layers): pair ``i < n = int(p D / 2)`` has
+    ``θ_i / s`` with ``θ_i = b^(-2i/D)`` of the *whole* head (the exponents are those of ``D``, not of
+    ``2n`` as in partial rotary), and pairs ``i >= n`` have frequency 0: they pass through unrotated,
+    at the end of each half in the ``"half"`` layout rather than at the end of the head.
+
+    Args:
+        config: ``{"rope_type": "proportional"}`` and optionally ``factor`` ``s`` (default 1) and
+            ``proportion`` ``p`` in ``[0, 1]`` (Hugging Face's ``partial_rotary_factor`` of this
+            type; default 1: RoFormer's frequencies divided by ``s``).
+
+    Returns:
+        ``(D/2,)`` float32 frequencies and attention scale 1.0.
+    """
+    p = _params(config, "proportional", (), {"factor": 1.0, "proportion": 1.0})
+    factor = _real(p, "proportional", "factor")
+    proportion = _real(p, "proportional", "proportion", inclusive=True)
+    if proportion > 1:
+        raise ValueError(f"proportion of a 'proportional' scaling must be in [0, 1], got {proportion!r}")
+    rotated = int(proportion * head_dim // 2)
+    inv_freq = default_inv_freq(head_dim, base, {}, None, "cpu")[0]  # (D/2,)
+    inv_freq[rotated:] = 0.0
+    return _scaled(inv_freq, factor, device), 1.0
+
+
 #: Scaling name (Hugging Face's ``rope_type``) -> function ``(head_dim, base, config, seq_len, device)
 #: -> (inv_freq, attention_scale)``. Every variant shares this signature; adding one is adding an entry.
 ROPE_SCALINGS: dict[str, Callable] = {
@@ -392,6 +428,7 @@ ROPE_SCALINGS: dict[str, Callable] = {
     "yarn": yarn_inv_freq,
     "llama3": llama3_inv_freq,
     "longrope": longrope_inv_freq,
+    "proportional": proportional_inv_freq,
 }
 
 #: ``rope_type`` values whose frequencies depend on ``seq_len`` (it must be given for them).

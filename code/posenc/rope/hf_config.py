@@ -29,15 +29,21 @@ HF_ROPE_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "llama3": (("factor", "low_freq_factor", "high_freq_factor"), ("original_max_position_embeddings",)),
     "longrope": (("short_factor", "long_factor"), ("original_max_position_embeddings", "factor", "attention_factor")),
+    "proportional": ((), ("factor",)),
 }
 
 # keys of a rope dict that every type reads: the type, the base and the partial rotary factor
 _SHARED = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
+# multimodal RoPE's keys (Qwen2-VL, Qwen2.5-VL: legacy type "mrope"; Qwen3-VL: mrope_interleaved),
+# read with the default frequencies
+_MROPE = ("mrope_section", "mrope_interleaved")
 
-class HFRope(NamedTuple):
-    """RoPE as a Hugging Face config states it, in the arguments posenc takes."""
+# where a config states a rope: a whole config without any of these holds it in its text_config
+_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq")
 
+
+class _HFRopeFields(NamedTuple):
     #: ``rope_theta``: the ``base`` of :func:`~posenc.rope.frequencies.inverse_frequencies`.
     base: float
     #: ``None`` (plain RoPE) or the ``scaling`` mapping of
@@ -46,8 +52,41 @@ class HFRope(NamedTuple):
     scaling: Optional[dict]
     #: Rotated dims per head, ``R = int(head_dim * partial_rotary_factor)`` (the ``head_dim`` argument
     #: of ``inverse_frequencies``, the ``rotary_dim`` of ``RotaryEmbedding``); ``None`` when the
-    #: config gives no head size (a rope dict alone).
+    #: config gives no head size (a rope dict alone). The head size is ``qk_rope_head_dim`` where the
+    #: config has one (the decoupled rotary head of multi-head latent attention: DeepSeek-V2/V3,
+    #: Kimi-K2), else ``head_dim``, else ``hidden_size // num_attention_heads``.
     rotary_dim: Optional[int]
+
+
+class HFRope(_HFRopeFields):
+    """RoPE as a Hugging Face config states it, in the arguments posenc takes.
+
+    It unpacks as ``base, scaling, rotary_dim``. A multimodal config also sets :attr:`mrope`
+    (``None`` otherwise): then the positions are three per token and cos/sin come from
+    :func:`~posenc.rope.multimodal.mrope_cos_sin`, not :func:`~posenc.rope.rotation.rope_cos_sin`.
+    """
+
+    #: ``None``, or multimodal RoPE's keyword arguments of
+    #: :func:`~posenc.rope.multimodal.mrope_cos_sin` (``{"sections": (t, h, w), "interleaved": bool}``):
+    #: each frequency pair turns with the temporal, height or width position (Qwen2-VL's ``mrope``).
+    mrope: Optional[dict]
+
+    def __new__(cls, base: float, scaling: Optional[dict], rotary_dim: Optional[int], mrope: Optional[dict] = None):
+        self = super().__new__(cls, base, scaling, rotary_dim)
+        self.mrope = mrope
+        return self
+
+    def __eq__(self, other) -> bool:
+        return tuple.__eq__(self, other) and getattr(other, "mrope", None) == self.mrope
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    __hash__ = None  # holds dicts
+
+    def __repr__(self) -> str:
+        extra = "" if self.mrope is None else f", mrope={self.mrope!r}"
+        return f"HFRope(base={self.base!r}, scaling={self.scaling!r}, rotary_dim={self.rotary_dim!r}{extra})"
 
 
 def _one_value(name: str, sources: list[tuple[str, object]]):
@@ -69,33 +108,153 @@ def _agreed(key: str, rope: Mapping, whole: Mapping, argument=None):
     return _one_value(key, sources)
 
 
-def _split(config: Mapping) -> tuple[Mapping, Mapping]:
-    """``(rope dict, whole config)``: a mapping with ``rope_type``/``type`` is a rope dict alone."""
+#: What a model class fills in where its ``config.json`` leaves a rope key out (the defaults of
+#: transformers' config classes, and GPT-J's constant base), by ``model_type``; no other model
+#: type's missing ``rope_theta`` is guessed. GPT-NeoX's ``rotary_emb_base`` and ``rotary_pct`` are
+#: its names of ``rope_theta`` and ``partial_rotary_factor``.
+MODEL_TYPE_DEFAULTS: dict[str, dict] = {
+    "llama": {"rope_theta": 10000.0},  # LlamaConfig; Llama 2's config.json has no rope_theta
+    "gpt_neox": {"rope_theta": 10000.0, "partial_rotary_factor": 0.25},  # GPTNeoXConfig: rotary_pct 0.25
+    "gptj": {"rope_theta": 10000.0, "rotary_dim": 64},  # GPT-J's code (10000 ** (2i / rotary_dim)); GPTJConfig
+    "gemma3_text": {"rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "head_dim": 256,
+                    "num_attention_heads": 8},  # Gemma3TextConfig (gemma-3-4b-it's text_config relies on them)
+}
+
+_ALIASES = {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}  # GPT-NeoX's names
+
+
+def _stated(config: Mapping, key: str) -> bool:
+    """Whether ``config`` gives ``key`` anywhere: at the top level or in its rope dict(s)."""
+    if config.get(key) is not None:
+        return True
+    for where in ("rope_parameters", "rope_scaling"):
+        rope = config.get(where)
+        if isinstance(rope, Mapping):
+            inner = [rope] + [v for v in rope.values() if isinstance(v, Mapping)]
+            if any(d.get(key) is not None for d in inner):
+                return True
+    return False
+
+
+def _text_config(config: Mapping) -> Mapping:
+    """The config that states the rope: a multimodal config's ``text_config`` where the top level
+    has none of the rope keys; GPT-NeoX's names renamed, GPT-J's ``rotary_dim`` read as the
+    partial rotary size, and the model class's defaults (:data:`MODEL_TYPE_DEFAULTS`) filled in."""
+    inner = config.get("text_config")
+    if isinstance(inner, Mapping) and not any(config.get(key) is not None for key in _ROPE_KEYS):
+        config = inner
+    config = dict(config)
+    for old, new in _ALIASES.items():
+        if config.get(old) is not None:
+            if config.get(new) is not None and config[new] != config[old]:
+                raise ValueError(f"{old}={config[old]!r} and {new}={config[new]!r} disagree; give one")
+            config[new] = config.pop(old)
+    for key, value in MODEL_TYPE_DEFAULTS.get(config.get("model_type"), {}).items():
+        if not _stated(config, key):
+            config[key] = value
+    if config.get("model_type") == "gptj":  # rotary_dim of the head dim n_embd / n_head
+        head = config.get("n_embd", config.get("hidden_size")) // config.get("n_head", config.get("num_attention_heads"))
+        config.setdefault("head_dim", head)
+        config["partial_rotary_factor"] = config.pop("rotary_dim") / head
+    return config
+
+
+def _nested(rope, whole: Mapping) -> bool:
+    """Whether ``rope`` is a dict of rope dicts, one per layer type (transformers' per-layer form)."""
+    if not isinstance(rope, Mapping) or not rope or "rope_type" in rope or "type" in rope:
+        return False
+    named = whole.get("layer_types")
+    if named:
+        return any(key in named for key in rope)
+    return all(isinstance(v, Mapping) or v is None for v in rope.values())
+
+
+def _per_layer_type(config: Mapping) -> Optional[dict]:
+    """``{layer type: rope dict with its rope_theta}`` for a config with a rope per layer type (a
+    nested rope dict, or Gemma 3's ``rope_local_base_freq`` for its sliding layers), else ``None``.
+    A layer type whose rope is ``null`` (a layer without position) maps to ``None``."""
+    sources = [(key, config.get(key)) for key in ("rope_parameters", "rope_scaling")]
+    rope = _one_value("the rope dict", sources)
+    if _nested(rope, config):
+        theta = config.get("rope_theta")
+        return {k: None if v is None else {**({} if theta is None else {"rope_theta": theta}), **v} for k, v in rope.items()}
+    local = config.get("rope_local_base_freq")
+    if local is None:
+        return None
+    # Gemma 3: global (full-attention) layers read rope_theta and rope_scaling; sliding-window layers
+    # rope_local_base_freq and no scaling (transformers' Gemma3TextConfig does the same)
+    if rope is not None and not isinstance(rope, Mapping):
+        raise TypeError(f"rope_parameters / rope_scaling must be a dict, got {type(rope).__name__}")
+    full = {**(rope or {"rope_type": "default"})}
+    if config.get("rope_theta") is not None:
+        full.setdefault("rope_theta", config["rope_theta"])
+    return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+
+
+def _split(config: Mapping, layer_type: Optional[str] = None) -> tuple[Mapping, Mapping]:
+    """``(rope dict, whole config)``: a mapping with ``rope_type``/``type`` is a rope dict alone; a
+    config with a rope per layer type gives that of ``layer_type`` (required there)."""
     if "rope_type" in config or "type" in config:
+        if layer_type is not None:
+            raise ValueError(f"layer_type={layer_type!r} was given for a single rope dict; pass the whole config")
         return config, {}
+    per_layer = _per_layer_type(config)
+    if per_layer is not None:
+        if layer_type not in per_layer:
+            given = "no layer_type was given" if layer_type is None else f"layer_type={layer_type!r} is not one of them"
+            raise ValueError(
+                f"the config has a rope per layer type ({sorted(per_layer)}) and {given}; pass layer_type=, or read "
+                "them all with scaling_by_layer_type"
+            )
+        rope = per_layer[layer_type]
+        if rope is None:
+            raise ValueError(f"layers of type {layer_type!r} have no rope (null in the config): they use no position")
+        whole = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+        return rope, whole
+    if layer_type is not None and layer_type not in (config.get("layer_types") or ()):
+        raise ValueError(f"layer_type={layer_type!r} is not among the config's layer_types {config.get('layer_types')}")
     sources = [(key, config.get(key)) for key in ("rope_parameters", "rope_scaling")]
     rope = _one_value("the rope dict", sources)
     if rope is not None and not isinstance(rope, Mapping):
         raise TypeError(f"rope_parameters / rope_scaling must be a dict, got {type(rope).__name__}")
-    if rope and "rope_type" not in rope and "type" not in rope and all(isinstance(v, Mapping) for v in rope.values()):
-        raise ValueError(f"the rope dict is nested per layer type ({sorted(rope)}); pass one of them, with rope_theta")
     return rope or {}, config
 
 
 def _rope_type(rope: Mapping) -> str:
     """The rope dict's type, its keys checked against those the type reads."""
-    rope_type = _one_value("rope_type", [(k, rope[k]) for k in ("rope_type", "type") if k in rope]) or "default"
+    # Qwen2-VL's legacy "mrope" is the default frequencies with positions per section (transformers
+    # rewrites rope_type to "default" and keeps type "mrope")
+    named = [(k, "default" if rope[k] == "mrope" else rope[k]) for k in ("rope_type", "type") if k in rope]
+    rope_type = _one_value("rope_type", named) or "default"
     if rope_type not in HF_ROPE_KEYS:
         raise ValueError(f"rope_type {rope_type!r} is not one posenc reads; known: {sorted(HF_ROPE_KEYS)}")
     required, optional = HF_ROPE_KEYS[rope_type]
+    optional = optional + _MROPE
     reads = f"it reads {list(required)}" + (f", optionally {list(optional)}" if optional else "")
     for key, value in rope.items():
         if key not in required + optional + _SHARED:
             raise ValueError(f"key {key!r} (value {value!r}) is not read by rope_type {rope_type!r}; {reads}")
     for key in required:
-        if key not in rope and not (rope_type == "yarn" and key == "factor"):  # yarn's may be derived
+        if key not in rope:  # a key set to null is given (yarn derives its factor from null); a missing one is not
             raise ValueError(f"rope_type {rope_type!r} needs the key {key!r} in the rope dict; {reads}")
     return rope_type
+
+
+def _mrope(rope: Mapping) -> Optional[dict]:
+    """Multimodal RoPE's keyword arguments from a rope dict, or ``None``."""
+    sections = rope.get("mrope_section")
+    legacy = "mrope" in (rope.get("rope_type"), rope.get("type"))
+    if sections is None:
+        if legacy or rope.get("mrope_interleaved"):
+            raise ValueError("the rope dict is multimodal (mrope) but has no mrope_section")
+        return None
+    if (isinstance(sections, (str, bytes)) or not isinstance(sections, (list, tuple)) or len(sections) != 3
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sections)):
+        raise ValueError(f"mrope_section must be three non-negative ints (temporal, height, width), got {sections!r}")
+    interleaved = rope.get("mrope_interleaved") or False
+    if not isinstance(interleaved, bool):
+        raise ValueError(f"mrope_interleaved must be a bool, got {interleaved!r}")
+    return {"sections": tuple(sections), "interleaved": interleaved}
 
 
 def _original_length(rope_type: str, rope: Mapping, whole: Mapping, max_len: Optional[int]) -> int:
@@ -118,7 +277,11 @@ def _original_length(rope_type: str, rope: Mapping, whole: Mapping, max_len: Opt
 
 
 def scaling_from_hf(
-    config: Mapping, max_position_embeddings: Optional[int] = None, *, rope_theta: Optional[float] = None
+    config: Mapping,
+    max_position_embeddings: Optional[int] = None,
+    *,
+    rope_theta: Optional[float] = None,
+    layer_type: Optional[str] = None,
 ) -> HFRope:
     """The base, scaling and rotated dims of a Hugging Face checkpoint's RoPE.
 
@@ -148,11 +311,21 @@ def scaling_from_hf(
     * ``yarn``: ``factor`` may be ``null``, and is then ``max_position_embeddings / original``;
       optional ``beta_fast`` (32), ``beta_slow`` (1), ``truncate`` (true), ``attention_factor``,
       ``mscale`` and ``mscale_all_dim`` (DeepSeek: both, or neither).
+    * ``yarn``: ``factor`` is required; set to ``null`` it is ``max_position_embeddings / original``
+      (DeepSeek's form; transformers does the same and raises for a missing one).
     * ``longrope``: ``factor``, if absent, is ``max_position_embeddings / original`` (it only sets
       the attention scale); ``attention_factor`` optional.
+    * ``proportional``: ``partial_rotary_factor`` is the share of pairs that rotate, not the
+      rotated dims: ``rotary_dim`` is the whole head and the scaling carries it as ``proportion``.
+    * multimodal RoPE (``type: "mrope"``, or ``mrope_section`` in a default rope dict, with Qwen3-VL's
+      ``mrope_interleaved``): default frequencies, and :attr:`HFRope.mrope`.
+    * a config with a rope per layer type (transformers' nested ``rope_parameters``, keyed by
+      layer type, or Gemma 3's ``rope_local_base_freq`` for its sliding-window layers beside
+      ``rope_theta`` and ``rope_scaling`` for its global ones): ``layer_type`` is required, and
+      :func:`scaling_by_layer_type` reads every type at once.
+    * a multimodal config whose top level has no rope keys is read from its ``text_config``.
 
-    A key set to ``null`` counts as absent. Nested per-layer rope dicts (Gemma 3's
-    ``{"full_attention": {...}, "sliding_attention": {...}}``) are refused: pass one of them.
+    A key set to ``null`` counts as absent, except yarn's ``factor``.
 
     Args:
         config: a whole config (a mapping, or an object with ``to_dict()``), or a rope dict (a
@@ -160,6 +333,8 @@ def scaling_from_hf(
         max_position_embeddings: the config's ``max_position_embeddings``, where ``config`` is a
             rope dict alone (read from a whole config otherwise; equal if both).
         rope_theta: the base, where the rope dict does not hold it (a legacy ``rope_scaling``).
+        layer_type: for a config with a rope per layer type, which one (e.g. ``"full_attention"``,
+            ``"sliding_attention"``); otherwise ``None`` or one of the config's ``layer_types``.
 
     Returns:
         :class:`HFRope` ``(base, scaling, rotary_dim)``; ``scaling`` is ``None`` for ``"default"``.
@@ -167,16 +342,17 @@ def scaling_from_hf(
     Raises:
         TypeError: ``config`` (or its rope dict) that is not a mapping.
         ValueError: a missing key, a key the type does not read, an unknown ``rope_type``, values
-            that disagree between two places, nested per-layer rope dicts, a partial rotary factor
-            without a head size.
+            that disagree between two places, a rope per layer type without ``layer_type``, a
+            partial rotary factor without a head size.
     """
     if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
         config = config.to_dict()
     if not isinstance(config, Mapping):
         kind = type(config).__name__
         raise TypeError(f"config must be a mapping (config.json as a dict) or have to_dict(), got {kind}")
-    rope, whole = _split(config)
+    rope, whole = _split(_text_config(config), layer_type)
     rope_type = _rope_type(rope)
+    mrope = _mrope(rope)
     base = _agreed("rope_theta", rope, whole, rope_theta)
     if base is None:
         raise ValueError("rope_theta is in neither the rope dict nor the config; pass rope_theta=")
@@ -186,25 +362,65 @@ def scaling_from_hf(
         "max_position_embeddings",
         [("the config", whole.get("max_position_embeddings")), ("the argument", max_position_embeddings)],
     )
+    if rope_type == "proportional":
+        proportion = _agreed("partial_rotary_factor", rope, whole)
+        rotary_dim = _rotary_dim({}, {k: v for k, v in whole.items() if k != "partial_rotary_factor"})
+        params = {k: v for k, v in rope.items() if k not in _SHARED + _MROPE and v is not None}
+        scaling = {"rope_type": "proportional", **params, **({} if proportion is None else {"proportion": proportion})}
+        return HFRope(float(base), scaling, rotary_dim, mrope)
     rotary_dim = _rotary_dim(rope, whole)
     if rope_type == "default":
-        return HFRope(float(base), None, rotary_dim)
-    params = {k: v for k, v in rope.items() if k not in _SHARED and v is not None}
+        return HFRope(float(base), None, rotary_dim, mrope)
+    params = {k: v for k, v in rope.items() if k not in _SHARED + _MROPE and v is not None}
     if rope_type in ("dynamic", "yarn", "llama3", "longrope"):
         params["original_max_position_embeddings"] = _original_length(rope_type, rope, whole, max_len)
     if rope_type in ("yarn", "longrope") and params.get("factor") is None and max_len is not None:
         params["factor"] = max_len / params["original_max_position_embeddings"]
     if rope_type == "yarn" and params.get("factor") is None:
-        raise ValueError("rope_type 'yarn' has no factor: pass max_position_embeddings= to derive it")
+        raise ValueError("rope_type 'yarn' has factor null: pass max_position_embeddings= to derive it")
     if rope_type == "longrope" and params.get("factor") is None and params.get("attention_factor") is None:
         raise ValueError("rope_type 'longrope' has neither factor nor attention_factor: pass max_position_embeddings=")
-    return HFRope(float(base), {"rope_type": rope_type, **params}, rotary_dim)
+    return HFRope(float(base), {"rope_type": rope_type, **params}, rotary_dim, mrope)
+
+
+def scaling_by_layer_type(config: Mapping, max_position_embeddings: Optional[int] = None) -> dict[str, Optional[HFRope]]:
+    """:func:`scaling_from_hf` for every layer type of a config: ``{layer type: HFRope}``.
+
+    Gemma 2/3-style configs give one rope per layer type (Gemma 3: ``"full_attention"`` with
+    ``rope_theta`` and its scaling, ``"sliding_attention"`` with ``rope_local_base_freq``); a layer
+    type whose rope is ``null`` (a layer without position) maps to ``None``. A config with one rope
+    for every layer gives it for each of its ``layer_types``, or as ``{"full_attention": rope}``
+    where it names none (transformers' key for a flat rope). Which layer has which type is the
+    config's ``layer_types`` list.
+
+    Raises:
+        TypeError, ValueError: as :func:`scaling_from_hf`.
+    """
+    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping (config.json as a dict) or have to_dict(), got {type(config).__name__}")
+    inner = _text_config(config)
+    per_layer = _per_layer_type(inner)
+    if per_layer is None:
+        rope = scaling_from_hf(config, max_position_embeddings)
+        return {t: rope for t in dict.fromkeys(inner.get("layer_types") or ["full_attention"])}
+    return {t: None if per_layer[t] is None else scaling_from_hf(config, max_position_embeddings, layer_type=t)
+            for t in per_layer}
 
 
 def _rotary_dim(rope: Mapping, whole: Mapping) -> Optional[int]:
     """``int(head_dim * partial_rotary_factor)``, Hugging Face's rotated dims; ``None`` without a head size."""
     factor = _agreed("partial_rotary_factor", rope, whole)
     head_dim = whole.get("head_dim")
+    mla = whole.get("qk_rope_head_dim")
+    if mla is not None:  # multi-head latent attention: the rotary head is separate (transformers sets head_dim to it)
+        if factor is not None and factor != 1 and head_dim is not None and int(head_dim * factor) != mla:
+            raise ValueError(
+                f"qk_rope_head_dim={mla} disagrees with head_dim={head_dim} x partial_rotary_factor={factor}; "
+                "give one rotary size"
+            )
+        return mla
     if head_dim is None and whole.get("hidden_size") is not None and whole.get("num_attention_heads") is not None:
         head_dim = whole["hidden_size"] // whole["num_attention_heads"]
     if head_dim is None:

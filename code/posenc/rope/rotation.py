@@ -101,7 +101,31 @@ def _check_apply_args(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x's {tuple(xlead)} + (R/2,) "
             f"(x has shape {tuple(x.shape)})"
         )
+    if 2 * half < D and not torch.compiler.is_compiling() and _repeats_itself(cos, sin):
+        raise ValueError(
+            f"cos/sin of width {half} repeat themselves (two equal halves, or equal neighbours): the full-width "
+            f"form of Hugging Face's rotary embedding, which would rotate {2 * half} of x's {D} dims instead of "
+            f"{half}. Pass posenc's (..., T, R/2): cos[..., :{half // 2}] and sin[..., :{half // 2}] for the "
+            f"'half' layout (torch.cat form), or cos[..., ::2] and sin[..., ::2] for repeat_interleave"
+        )
     return half
+
+
+def _repeats_itself(cos: Tensor, sin: Tensor) -> bool:
+    """Whether ``cos``/``sin`` (``(..., R/2)``) are a full-width table: halves or neighbours equal.
+
+    Hugging Face models build ``cos = cat([c, c], -1)`` (or ``repeat_interleave(c, 2, -1)``) of width
+    ``R``; posenc takes ``c`` alone. A table whose angles are all zero is the identity at any width
+    and is never refused.
+    """
+    h = cos.shape[-1]
+    if h % 2 or cos.numel() == 0:
+        return False
+    if bool((sin == 0).all()) and bool((cos == 1).all()):
+        return False
+    halves = torch.equal(cos[..., : h // 2], cos[..., h // 2 :]) and torch.equal(sin[..., : h // 2], sin[..., h // 2 :])
+    pairs = torch.equal(cos[..., 0::2], cos[..., 1::2]) and torch.equal(sin[..., 0::2], sin[..., 1::2])
+    return halves or pairs
 
 
 def _pairs(x: Tensor, half: int, layout: str) -> tuple[Tensor, Tensor]:
@@ -193,7 +217,9 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
     Raises:
         TypeError: non-float tensors.
         ValueError: unknown layout or backend, odd ``D``, ``R > D``, shapes that do not broadcast;
-            ``backend="triton"`` for arguments the kernel cannot take (e.g. CPU tensors).
+            ``backend="triton"`` for arguments the kernel cannot take (e.g. CPU tensors); for
+            partial rotary (``R < D``), cos/sin in Hugging Face's full width (two equal halves or
+            equal neighbours, which would rotate twice the dims; not checked inside torch.compile).
     """
     if backend not in APPLY_BACKENDS:
         raise ValueError(f"backend must be one of {APPLY_BACKENDS}, got {backend!r}")
