@@ -3,7 +3,7 @@
 
 For every file and every layer type: the frequencies and attention scale posenc computes from
 ``scaling_by_layer_type`` equal those of ``transformers.modeling_rope_utils`` for the same config, at
-several lengths; the raw ``config.json`` dict is read the same as the transformers config object, or
+several lengths (to fp32 rounding; bit for bit with ``arithmetic="transformers"``); the raw ``config.json`` dict is read the same as the transformers config object, or
 refused with a message naming what is missing (``RAW_REFUSED``: keys the file leaves to the model
 class's defaults, which posenc does not guess).
 
@@ -99,6 +99,10 @@ def test_posenc_computes_what_transformers_computes(name):
             assert inv.shape == inv_hf.shape, (layer_type, seq_len)
             torch.testing.assert_close(inv, inv_hf.float(), rtol=RTOL, atol=0, msg=f"{layer_type} at {seq_len}")
             assert scale == pytest.approx(float(scale_hf), rel=1e-12), (layer_type, seq_len)
+            # in transformers' arithmetic: its inv_freq bit for bit
+            fp32, _ = inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, seq_len=seq_len,
+                                          arithmetic="transformers")
+            assert torch.equal(fp32, inv_hf.float()), (layer_type, seq_len)
         sections = params.get("mrope_section")
         assert (rope.mrope or {}).get("sections") == (None if sections is None else tuple(sections))
 
@@ -116,3 +120,57 @@ def test_the_raw_config_json_is_read_as_the_config_object_or_refused_by_name(nam
         assert all(rope == from_raw["full_attention"] for rope in from_object.values())
     else:
         assert from_raw == from_object
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_corpus_model_has_a_known_layout(name):
+    # interleaved pairs: GPT-J (rotate_every_two), DeepSeek-V2 and Llama 4 (complex products), DeepSeek-V3 and
+    # Kimi-K2 (rope_interleave); every other corpus model rotates with transformers' rotate_half
+    interleaved = name.startswith(("gpt-j", "deepseek", "kimi", "llama-4"))
+    ropes = scaling_by_layer_type(load(name))
+    assert {rope.layout for rope in ropes.values()} == {"interleaved" if interleaved else "half"}
+
+
+def test_llama4_rotates_interleaved_pairs_as_its_complex_product():
+    # Llama 4 multiplies (x_2i + i x_2i+1) by e^(i m θ_i): posenc's "interleaved" layout, element for element
+    from posenc.rope import apply_rope, rope_cos_sin
+    from transformers.models.llama4.modeling_llama4 import Llama4TextRotaryEmbedding, apply_rotary_emb
+
+    raw = load("llama-4-scout-17b-16e.json")
+    config = hf_config(raw)
+    rope = scaling_by_layer_type(raw)["full_attention"]
+    emb = Llama4TextRotaryEmbedding(config=config)
+    positions = torch.arange(0, 4096, 97)[None]  # (1, T)
+    freqs_cis = emb(torch.zeros(1), positions)  # (1, T, R/2) complex
+    q = torch.randn(1, positions.shape[1], 2, 128)  # (B, T, H, D), Llama 4's order
+    q_hf, _ = apply_rotary_emb(q, q, freqs_cis)
+    inv, scale = inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, arithmetic="transformers")
+    cos, sin = rope_cos_sin(positions[0], inv, scale, arithmetic="transformers")  # (T, R/2)
+    ours = apply_rope(q.transpose(1, 2), cos, sin, layout=rope.layout).transpose(1, 2)
+    torch.testing.assert_close(ours, q_hf, atol=1e-5, rtol=1e-5)
+
+
+def test_deepseek_v3_interleaved_rope_gives_transformers_scores():
+    from posenc.rope import apply_rope, rope_cos_sin
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3RotaryEmbedding,
+        apply_rotary_pos_emb_interleave,
+    )
+
+    raw = load("deepseek-v3.json")
+    rope = scaling_by_layer_type(raw)["full_attention"]
+    assert rope.layout == "interleaved" and rope.rotary_dim == 64
+    config = hf_config(raw)
+    emb = DeepseekV3RotaryEmbedding(config=config)
+    positions = torch.arange(0, 4096, 61)[None]
+    cos_hf, sin_hf = emb(torch.zeros(1), positions)  # (1, T, 64)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, positions.shape[1], 64, generator=g), torch.randn(1, 2, positions.shape[1], 64, generator=g)
+    q_hf, k_hf = apply_rotary_pos_emb_interleave(q, k, cos_hf, sin_hf)  # its output is de-interleaved
+    inv, scale = inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, arithmetic="transformers")
+    cos, sin = rope_cos_sin(positions[0], inv, scale, arithmetic="transformers")
+    q_ours, k_ours = apply_rope(q, cos, sin, rope.layout), apply_rope(k, cos, sin, rope.layout)
+    torch.testing.assert_close(q_ours @ k_ours.transpose(-1, -2), q_hf @ k_hf.transpose(-1, -2), atol=1e-4, rtol=1e-5)
+    # the other layout, which a reader who assumed Llama's would use, gives other scores
+    q_half, k_half = apply_rope(q, cos, sin, "half"), apply_rope(k, cos, sin, "half")
+    assert (q_half @ k_half.transpose(-1, -2) - q_hf @ k_hf.transpose(-1, -2)).abs().max() > 1

@@ -322,7 +322,7 @@ LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 
 def test_scaling_from_a_legacy_config():
-    assert scaling_from_hf(LLAMA31) == HFRope(THETA, LLAMA31_SCALING, 128)
+    assert scaling_from_hf(LLAMA31) == HFRope(THETA, LLAMA31_SCALING, 128, layout="half")  # model_type llama
     base, scaling, rotary_dim = scaling_from_hf(LLAMA31)
     inv, _ = inverse_frequencies(rotary_dim, base, scaling)
     assert torch.equal(inv, freqs(LLAMA31_SCALING, head_dim=128, base=THETA)[0])
@@ -331,7 +331,8 @@ def test_scaling_from_a_legacy_config():
 def test_scaling_from_a_rope_parameters_config_and_from_the_rope_dict_alone():
     rope_parameters = {**LLAMA31["rope_scaling"], "rope_theta": THETA}
     newer = {k: v for k, v in LLAMA31.items() if k not in ("rope_scaling", "rope_theta")}
-    assert scaling_from_hf({**newer, "rope_parameters": rope_parameters}) == HFRope(THETA, LLAMA31_SCALING, 128)
+    assert scaling_from_hf({**newer, "rope_parameters": rope_parameters}) == HFRope(THETA, LLAMA31_SCALING, 128,
+                                                                                     layout="half")
     assert scaling_from_hf(rope_parameters) == HFRope(THETA, LLAMA31_SCALING, None)
     assert scaling_from_hf(LLAMA31["rope_scaling"], rope_theta=THETA) == HFRope(THETA, LLAMA31_SCALING, None)
 

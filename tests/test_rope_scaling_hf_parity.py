@@ -96,7 +96,8 @@ def hf_frequencies(config, device, seq_len):
 def test_frequencies_and_attention_scale_match_transformers(name, device):
     config = hf_config(name)
     from_json = scaling_from_hf(copy.deepcopy(CONFIGS[name][1]))  # the raw config.json dict
-    assert scaling_from_hf(config) == from_json  # and the transformers config object: the same reading
+    # and the transformers config object: the same reading (which also knows the model type, hence the layout)
+    assert tuple(scaling_from_hf(config)) == tuple(from_json) and scaling_from_hf(config).layout == "half"
     base, scaling, rotary_dim = from_json
     max_len = CONFIGS[name][1]["max_position_embeddings"]
     for seq_len in (1, 100, 2048, 2049, 4096, 4097, max_len):
@@ -216,7 +217,8 @@ def test_gemma3_reads_both_layer_types_and_refuses_to_guess(device):
         inv, scale = inverse_frequencies(hf.rotary_dim, hf.base, hf.scaling, device=device)
         torch.testing.assert_close(inv.cpu(), getattr(emb, f"{layer_type}_inv_freq").float(), rtol=RTOL, atol=0)
         assert scale == getattr(emb, f"{layer_type}_attention_scaling")
-    nested = {"layer_types": config.layer_types, "head_dim": 256, "rope_parameters": config.rope_parameters}
+    nested = {"model_type": "gemma3_text", "layer_types": config.layer_types, "head_dim": 256,
+              "rope_parameters": config.rope_parameters}
     assert scaling_by_layer_type(nested) == by_type  # transformers' nested form, written out
     with pytest.raises(ValueError, match="layer_type='chunked' is not one of them"):
         scaling_from_hf(raw, layer_type="chunked")
@@ -279,3 +281,26 @@ def test_mrope_cos_sin_match_transformers(family, device):
     c_text, s_text = mrope_cos_sin(text.expand(3, -1), inv, **hf.mrope)
     c_plain, s_plain = rope_cos_sin(text, inv)
     assert torch.equal(c_text, c_plain) and torch.equal(s_text, s_plain)
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "qwen2.5-yarn", "longchat-linear"])
+def test_transformers_arithmetic_reproduces_a_checkpoints_cos_sin_bit_for_bit(name, device):
+    # checkpoints were trained with transformers' (and Meta's) fp32 frequencies and angles; posenc's
+    # exact arithmetic is closer to the mathematics and a few milliradians away from them at 131k
+    from posenc.rope import RotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = hf_config(name)
+    base, scaling, rotary_dim = scaling_from_hf(copy.deepcopy(CONFIGS[name][1]))
+    emb = LlamaRotaryEmbedding(config=config).to(HF_DEVICE)
+    positions = torch.tensor([0, 1, 4095, 4096, 50000, 131071])
+    cos_hf, sin_hf = emb(torch.zeros(1), positions[None])  # (1, T, R)
+    exact = RotaryEmbedding(rotary_dim, 131072, base, scaling=scaling).to(device)
+    same = RotaryEmbedding(rotary_dim, 131072, base, scaling=scaling, arithmetic="transformers").to(device)
+    c, s = same.cos_sin(positions.to(device))
+    assert torch.equal(torch.cat([c, c], -1).cpu(), cos_hf[0]) and torch.equal(torch.cat([s, s], -1).cpu(), sin_hf[0])
+    c_exact, _ = exact.cos_sin(positions.to(device))
+    gap = (c_exact.cpu() - c.cpu()).abs()
+    assert gap[:3].max() < 1e-6 < gap[-1].max() < 1e-2  # equal below 4096; apart, slightly, far out
+    with pytest.raises(ValueError, match=r"arithmetic must be one of \('exact', 'transformers'\), got 'fp16'"):
+        RotaryEmbedding(rotary_dim, 16, base, arithmetic="fp16")

@@ -53,6 +53,7 @@ module                          what
 """
 
 from posenc.rope.frequencies import (
+    ARITHMETICS,
     LENGTH_DEPENDENT,
     ROPE_SCALINGS,
     default_inv_freq,
@@ -85,6 +86,7 @@ from posenc.rope.rotation import (
 
 __all__ = [
     "APPLY_BACKENDS",
+    "ARITHMETICS",
     "COMPILE_MIN_NUMEL",
     "FP64_ANGLES_FROM",
     "HFRope",

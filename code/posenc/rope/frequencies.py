@@ -434,6 +434,79 @@ ROPE_SCALINGS: dict[str, Callable] = {
 #: ``rope_type`` values whose frequencies depend on ``seq_len`` (it must be given for them).
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
+#: The two arithmetics of :func:`inverse_frequencies` and :func:`~posenc.rope.rotation.rope_cos_sin`:
+#: ``"exact"`` (a scaling applied in fp64 and rounded once; angles past
+#: :data:`~posenc.rope.rotation.FP64_ANGLES_FROM` in fp64) and ``"transformers"`` (every step in
+#: fp32, in the order of ``transformers.modeling_rope_utils``: what checkpoints were trained and
+#: are run with, bit for bit).
+ARITHMETICS = ("exact", "transformers")
+
+
+# --------------------------------------------------------------------------- transformers' fp32 arithmetic
+
+
+def _fp32_theta(head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """``(base ** (2i / D), 1 / that)`` in fp32, as transformers computes them. ``(D/2,)`` each."""
+    powers = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    return powers, 1.0 / powers
+
+
+def _fp32_linear(head_dim, base, p, seq_len):
+    return _fp32_theta(head_dim, base)[1] / p["factor"]
+
+
+def _fp32_yarn(head_dim, base, p, seq_len):
+    powers, extrapolation = _fp32_theta(head_dim, base)
+    interpolation = 1.0 / (p["factor"] * powers)
+    L, fast, slow = p["original_max_position_embeddings"], p["beta_fast"], p["beta_slow"]
+    turning = [head_dim * math.log(L / (r * 2 * math.pi)) / (2 * math.log(base)) for r in (fast, slow)]
+    lo, hi = (math.floor(turning[0]), math.ceil(turning[1])) if p["truncate"] else turning
+    lo, hi = max(lo, 0), min(hi, head_dim - 1)
+    if lo == hi:
+        hi += 0.001
+    keep = 1 - torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def _fp32_llama3(head_dim, base, p, seq_len):
+    inv_freq = _fp32_theta(head_dim, base)[1]
+    factor, low, high, L = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > L / low, inv_freq / factor, inv_freq)
+    if high == low:  # transformers' blend divides by zero there; its only pair would sit exactly at L / low
+        return torch.where(L / wavelength >= low, inv_freq, inv_freq / factor)
+    smooth = (L / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < L / high) * ~(wavelength > L / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _fp32_longrope(head_dim, base, p, seq_len):
+    rescale = p["long_factor"] if seq_len > p["original_max_position_embeddings"] else p["short_factor"]
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (torch.tensor(rescale, dtype=torch.float32) * base**shape)
+
+
+def _fp32_proportional(head_dim, base, p, seq_len):
+    rotated = int(p["proportion"] * head_dim // 2)
+    inv_freq = _fp32_theta(head_dim, base)[1]
+    inv_freq[rotated:] = 0.0
+    return inv_freq / p["factor"]
+
+
+#: The scalings whose exact and fp32 arithmetic differ (the others compute one fp32 power either way),
+#: with the keys and defaults their fp32 form reads.
+_FP32 = {
+    "linear": (_fp32_linear, ("factor",), {}),
+    "yarn": (_fp32_yarn, ("factor", "original_max_position_embeddings"),
+             {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
+              "mscale_all_dim": None}),
+    "llama3": (_fp32_llama3, ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), {}),
+    "longrope": (_fp32_longrope, ("short_factor", "long_factor", "original_max_position_embeddings"),
+                 {"factor": None, "attention_factor": None}),
+    "proportional": (_fp32_proportional, (), {"factor": 1.0, "proportion": 1.0}),
+}
+
 
 def inverse_frequencies(
     head_dim: int,
@@ -442,6 +515,7 @@ def inverse_frequencies(
     *,
     seq_len: Optional[int] = None,
     device: DeviceLike = None,
+    arithmetic: str = "exact",
 ) -> tuple[Tensor, float]:
     """Inverse frequencies ``θ_i`` of RoPE and the attention scale that goes with them.
 
@@ -460,13 +534,19 @@ def inverse_frequencies(
         seq_len: current length (the largest position + 1); required by the length-dependent
             variants (:data:`~posenc.rope.frequencies.LENGTH_DEPENDENT`), ignored by the others.
         device: device of the result.
+        arithmetic: ``"exact"`` (default: a scaling is applied in fp64 and rounded once) or
+            ``"transformers"`` (every step in fp32 in transformers' order: its ``inv_freq`` bit for
+            bit, what a checkpoint was trained with). The frequencies differ by at most a few
+            fp32 ulps (relative 3e-7); with the angles of :func:`~posenc.rope.rotation.rope_cos_sin`
+            in the same arithmetic, cos/sin at position 131,071 differ by about 1e-3 (Llama 3.1,
+            Qwen2.5 with YaRN), mostly from rounding the fp32 angle.
 
     Returns:
         ``(inv_freq, attention_scale)``: ``inv_freq`` float32 of shape ``(D/2,)``; a Python float
         that multiplies cos and sin (1.0 without scaling).
 
     Raises:
-        ValueError: odd or non-positive ``head_dim``, ``base <= 1``, a non-positive ``seq_len``, a
+        ValueError: an unknown ``arithmetic``, odd or non-positive ``head_dim``, ``base <= 1``, a non-positive ``seq_len``, a
             scaling without a ``rope_type``, an unknown ``rope_type``, a key the variant does not take
             (``rope_theta`` goes to ``base``), a missing or invalid parameter.
         TypeError: ``scaling`` that is not a mapping.
@@ -490,7 +570,12 @@ def inverse_frequencies(
             raise ValueError(f"scaling has {key}={config[key]!r}: {where} (scaling_from_hf reads an HF config)")
     if rope_type == "default":  # default_inv_freq stays the bare reference formula: its keys are checked here
         _params(config, "default", ())
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
     inv_freq, attention_scale = ROPE_SCALINGS[rope_type](head_dim, float(base), config, seq_len, device)
+    if arithmetic == "transformers" and rope_type in _FP32:  # checked above; now transformers' fp32 steps
+        fp32, required, optional = _FP32[rope_type]
+        inv_freq = fp32(head_dim, float(base), _params(config, rope_type, required, optional), seq_len).to(device)
     return inv_freq, float(attention_scale)
 
 

@@ -61,23 +61,33 @@ class _HFRopeFields(NamedTuple):
 class HFRope(_HFRopeFields):
     """RoPE as a Hugging Face config states it, in the arguments posenc takes.
 
-    It unpacks as ``base, scaling, rotary_dim``. A multimodal config also sets :attr:`mrope`
-    (``None`` otherwise): then the positions are three per token and cos/sin come from
-    :func:`~posenc.rope.multimodal.mrope_cos_sin`, not :func:`~posenc.rope.rotation.rope_cos_sin`.
+    It unpacks as ``base, scaling, rotary_dim``. Two attributes say how the model applies it:
+    :attr:`layout` (the pairing of dimensions its code rotates) and :attr:`mrope` (set for a
+    multimodal config: then the positions are three per token and cos/sin come from
+    :func:`~posenc.rope.multimodal.mrope_cos_sin`, not :func:`~posenc.rope.rotation.rope_cos_sin`).
+    Compared with a plain tuple, only the three fields count.
     """
 
     #: ``None``, or multimodal RoPE's keyword arguments of
     #: :func:`~posenc.rope.multimodal.mrope_cos_sin` (``{"sections": (t, h, w), "interleaved": bool}``):
     #: each frequency pair turns with the temporal, height or width position (Qwen2-VL's ``mrope``).
     mrope: Optional[dict]
+    #: ``"half"`` or ``"interleaved"``: the ``layout`` argument of
+    #: :func:`~posenc.rope.rotation.apply_rope` that rotates the pairs the model's code rotates
+    #: (:data:`LAYOUT_BY_MODEL_TYPE`); ``None`` where posenc does not know the model type (check the
+    #: model's code: transformers' ``rotate_half`` is ``"half"``).
+    layout: Optional[str]
 
-    def __new__(cls, base: float, scaling: Optional[dict], rotary_dim: Optional[int], mrope: Optional[dict] = None):
+    def __new__(cls, base: float, scaling: Optional[dict], rotary_dim: Optional[int], mrope: Optional[dict] = None,
+                layout: Optional[str] = None):
         self = super().__new__(cls, base, scaling, rotary_dim)
-        self.mrope = mrope
+        self.mrope, self.layout = mrope, layout
         return self
 
     def __eq__(self, other) -> bool:
-        return tuple.__eq__(self, other) and getattr(other, "mrope", None) == self.mrope
+        if not tuple.__eq__(self, other):
+            return False
+        return not isinstance(other, HFRope) or (other.mrope, other.layout) == (self.mrope, self.layout)
 
     def __ne__(self, other) -> bool:
         return not self == other
@@ -86,7 +96,34 @@ class HFRope(_HFRopeFields):
 
     def __repr__(self) -> str:
         extra = "" if self.mrope is None else f", mrope={self.mrope!r}"
-        return f"HFRope(base={self.base!r}, scaling={self.scaling!r}, rotary_dim={self.rotary_dim!r}{extra})"
+        return (f"HFRope(base={self.base!r}, scaling={self.scaling!r}, rotary_dim={self.rotary_dim!r}{extra}, "
+                f"layout={self.layout!r})")
+
+
+#: The pairing of dimensions transformers' modelling code rotates, by ``model_type`` (read from each
+#: model's ``rotate_half`` / ``rotate_every_two`` / complex multiplication). DeepSeek-V3 and the
+#: models built on it read the config's ``rope_interleave`` (:data:`ROPE_INTERLEAVE_DEFAULT`).
+LAYOUT_BY_MODEL_TYPE: dict[str, str] = {
+    **dict.fromkeys(
+        ("llama", "mistral", "mixtral", "qwen2", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl",
+         "qwen3_vl_text", "gemma", "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox", "olmo", "olmo2",
+         "stablelm", "falcon", "starcoder2", "smollm3", "granite", "gpt_oss", "glm4_moe", "internlm2"), "half"),
+    **dict.fromkeys(
+        ("gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe", "deepseek_v2",
+         "llama4", "llama4_text"), "interleaved"),
+}
+
+#: Model types whose layout is the config's ``rope_interleave``, and its default there (DeepSeek-V3,
+#: and Kimi-K2 on DeepSeek-V3's architecture: interleaved pairs).
+ROPE_INTERLEAVE_DEFAULT: dict[str, bool] = {"deepseek_v3": True, "kimi_k2": True}
+
+
+def _layout(whole: Mapping) -> Optional[str]:
+    model_type = whole.get("model_type")
+    if model_type in ROPE_INTERLEAVE_DEFAULT:
+        flag = whole.get("rope_interleave")
+        return "interleaved" if (ROPE_INTERLEAVE_DEFAULT[model_type] if flag is None else flag) else "half"
+    return LAYOUT_BY_MODEL_TYPE.get(model_type)
 
 
 def _one_value(name: str, sources: list[tuple[str, object]]):
@@ -367,10 +404,10 @@ def scaling_from_hf(
         rotary_dim = _rotary_dim({}, {k: v for k, v in whole.items() if k != "partial_rotary_factor"})
         params = {k: v for k, v in rope.items() if k not in _SHARED + _MROPE and v is not None}
         scaling = {"rope_type": "proportional", **params, **({} if proportion is None else {"proportion": proportion})}
-        return HFRope(float(base), scaling, rotary_dim, mrope)
+        return HFRope(float(base), scaling, rotary_dim, mrope, _layout(whole))
     rotary_dim = _rotary_dim(rope, whole)
     if rope_type == "default":
-        return HFRope(float(base), None, rotary_dim, mrope)
+        return HFRope(float(base), None, rotary_dim, mrope, _layout(whole))
     params = {k: v for k, v in rope.items() if k not in _SHARED + _MROPE and v is not None}
     if rope_type in ("dynamic", "yarn", "llama3", "longrope"):
         params["original_max_position_embeddings"] = _original_length(rope_type, rope, whole, max_len)
@@ -380,7 +417,7 @@ def scaling_from_hf(
         raise ValueError("rope_type 'yarn' has factor null: pass max_position_embeddings= to derive it")
     if rope_type == "longrope" and params.get("factor") is None and params.get("attention_factor") is None:
         raise ValueError("rope_type 'longrope' has neither factor nor attention_factor: pass max_position_embeddings=")
-    return HFRope(float(base), {"rope_type": rope_type, **params}, rotary_dim, mrope)
+    return HFRope(float(base), {"rope_type": rope_type, **params}, rotary_dim, mrope, _layout(whole))
 
 
 def scaling_by_layer_type(config: Mapping, max_position_embeddings: Optional[int] = None) -> dict[str, Optional[HFRope]]:

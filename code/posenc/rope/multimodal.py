@@ -69,6 +69,7 @@ def mrope_cos_sin(
     *,
     interleaved: bool = False,
     attention_scale: float = 1.0,
+    arithmetic: str = "exact",
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of M-RoPE's angles: pair ``i`` at ``positions[axis_i] * inv_freq[i]``.
 
@@ -79,6 +80,7 @@ def mrope_cos_sin(
         sections: ``(t, h, w)``, the config's ``mrope_section``; sums to ``R/2``.
         interleaved: Qwen3-VL's arrangement (``mrope_interleaved``).
         attention_scale: multiplies cos and sin, as in :func:`~posenc.rope.rotation.rope_cos_sin`.
+        arithmetic: of the angles, as in :func:`~posenc.rope.rotation.rope_cos_sin`.
 
     Returns:
         ``(cos, sin)``, float32, each ``positions.shape[1:] + (R/2,)``: what
@@ -91,7 +93,7 @@ def mrope_cos_sin(
     if not isinstance(positions, Tensor) or positions.dim() < 2 or positions.shape[0] != 3:
         got = tuple(positions.shape) if isinstance(positions, Tensor) else type(positions).__name__
         raise ValueError(f"positions must have shape (3, ..., T): temporal, height and width positions; got {got}")
-    cos3, sin3 = rope_cos_sin(positions, inv_freq, attention_scale)  # (3, ..., R/2) each
+    cos3, sin3 = rope_cos_sin(positions, inv_freq, attention_scale, arithmetic=arithmetic)  # (3, ..., R/2) each
     axes = mrope_axes(cos3.shape[-1], sections, interleaved).to(cos3.device)  # (R/2,)
     index = axes.expand(1, *cos3.shape[1:])  # (1, ..., R/2)
     return cos3.gather(0, index).squeeze(0), sin3.gather(0, index).squeeze(0)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from posenc.method import PositionMethod, register_method
 from posenc.rope import kernel
-from posenc.rope.frequencies import _check_head_dim, inverse_frequencies
+from posenc.rope.frequencies import ARITHMETICS, _check_head_dim, inverse_frequencies
 
 #: The two ways of pairing the dimensions of a head (see the module docstring).
 LAYOUTS = ("half", "interleaved")
@@ -30,24 +30,30 @@ FP64_ANGLES_FROM = 4096
 # --------------------------------------------------------------------------- angles
 
 
-def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0, *, arithmetic: str = "exact"
+) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotation angles ``positions[..., None] * inv_freq``.
 
-    Angles are computed in fp32 for positions ``|p| < FP64_ANGLES_FROM`` and in fp64 from there
-    on (see the module docstring); the choice is made per position.
+    With ``arithmetic="exact"`` angles are computed in fp32 for positions ``|p| < FP64_ANGLES_FROM``
+    and in fp64 from there on (see the module docstring), per position; with ``"transformers"``
+    all in fp32, as Hugging Face's rotary embeddings (and the checkpoints trained with them) do.
 
     Args:
         positions: integer or float tensor of any shape ``P`` (e.g. ``(T,)`` or ``(B, T)``).
         inv_freq: ``(R/2,)`` inverse frequencies (:func:`~posenc.rope.frequencies.inverse_frequencies`).
         attention_scale: factor multiplying cos and sin (YaRN's ``mscale``; 1.0 for plain RoPE).
+        arithmetic: ``"exact"`` or ``"transformers"`` (:data:`~posenc.rope.frequencies.ARITHMETICS`).
 
     Returns:
         ``(cos, sin)``, float32, each of shape ``P + (R/2,)``, on ``positions``' device.
 
     Raises:
         TypeError: non-tensor arguments, a bool ``positions``, an integer ``inv_freq``.
-        ValueError: ``inv_freq`` that is not 1-D, non-finite positions.
+        ValueError: ``inv_freq`` that is not 1-D, non-finite positions, an unknown ``arithmetic``.
     """
+    if arithmetic not in ARITHMETICS:
+        raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
     if not isinstance(positions, Tensor) or positions.dtype == torch.bool or positions.is_complex():
         raise TypeError(f"positions must be an integer or float tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
     if not isinstance(inv_freq, Tensor) or not inv_freq.dtype.is_floating_point:
@@ -58,10 +64,9 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1
         raise ValueError("positions must be finite")
     device = positions.device
     inv32 = inv_freq.to(device=device, dtype=torch.float32)
-    far = positions.abs() >= FP64_ANGLES_FROM if positions.numel() else positions.new_zeros(positions.shape, dtype=torch.bool)
     angles = positions.to(torch.float32)[..., None] * inv32  # P + (R/2,)
     cos, sin = angles.cos(), angles.sin()
-    if bool(far.any()):
+    if arithmetic == "exact" and positions.numel() and bool((far := positions.abs() >= FP64_ANGLES_FROM).any()):
         # fp64 where fp32 angles lose accuracy; MPS has no fp64, so that part runs on the CPU.
         work = torch.device("cpu") if device.type == "mps" else device
         p64 = positions[far].to(work, torch.float64)  # (F,)
@@ -372,9 +377,12 @@ class RotaryEmbedding(PositionMethod):
         layout: ``"half"`` or ``"interleaved"``.
         scaling: as in :func:`~posenc.rope.frequencies.inverse_frequencies` (for a Hugging Face
             checkpoint, from :func:`~posenc.rope.hf_config.scaling_from_hf`).
+        arithmetic: ``"exact"`` (default) or ``"transformers"``: the frequencies and angles of
+            :func:`~posenc.rope.frequencies.inverse_frequencies` and :func:`rope_cos_sin` in that
+            arithmetic (``"transformers"`` reproduces a Hugging Face model's cos/sin bit for bit).
 
     Raises:
-        ValueError: invalid sizes, base, layout or scaling.
+        ValueError: invalid sizes, base, layout, scaling or arithmetic.
     """
 
     def __init__(
@@ -386,8 +394,12 @@ class RotaryEmbedding(PositionMethod):
         rotary_dim: Optional[int] = None,
         layout: str = "half",
         scaling: Optional[Mapping] = None,
+        arithmetic: str = "exact",
     ):
         super().__init__()
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
+        self.arithmetic = arithmetic
         _check_head_dim(head_dim)
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
         _check_head_dim(rotary_dim, "rotary_dim")
@@ -406,11 +418,11 @@ class RotaryEmbedding(PositionMethod):
             raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
         device = self.inv_freq.device if "inv_freq" in self._buffers else None
         inv_freq, self.attention_scale = inverse_frequencies(
-            self.rotary_dim, self.base, self.scaling, seq_len=max_positions, device=device
+            self.rotary_dim, self.base, self.scaling, seq_len=max_positions, device=device, arithmetic=self.arithmetic
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
         positions = torch.arange(max_positions, device=inv_freq.device)
-        cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale)  # (N, R/2)
+        cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale, arithmetic=self.arithmetic)  # (N, R/2)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
         self.max_positions = max_positions
@@ -437,6 +449,7 @@ class RotaryEmbedding(PositionMethod):
             f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
             f"layout={self.layout!r}, max_positions={self.max_positions}"
             + ("" if self.scaling is None else f", scaling={dict(self.scaling)!r}")
+            + ("" if self.arithmetic == "exact" else f", arithmetic={self.arithmetic!r}")
         )
 
 
