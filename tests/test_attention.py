@@ -238,7 +238,7 @@ def test_self_attention_validation():
     layer = SelfAttention(8, 2)
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, C\)"):
         layer(torch.randn(3, 8), torch.arange(3), NoPE())
-    with pytest.raises(ValueError, match="positions has 4 entries but x has T=3"):
+    with pytest.raises(ValueError, match=r"positions of shape \(4,\) do not match x's \(B, T\) = \(1, 3\)"):
         layer(torch.randn(1, 3, 8), torch.arange(4), NoPE())
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         layer(torch.randn(1, 3, 8), torch.arange(3.0), NoPE())
@@ -521,3 +521,36 @@ def test_self_attention_takes_attention_mask():
     pos = torch.arange(5)
     torch.testing.assert_close(layer(x, pos, NoPE(), attention_mask=hf),
                                layer(x, pos, NoPE(), key_padding_mask=hf == 0), **TOL[torch.float64])
+
+
+# ------------------------------------------------------------------ positions per batch row
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5"])
+def test_positions_per_row_give_each_row_its_own_positions(name):
+    # a left-padded row starts its positions after the padding: one (B, T) tensor instead of a loop
+    from posenc import LMConfig, TinyLM
+
+    torch.manual_seed(0)
+    model = TinyLM(LMConfig(vocab_size=20, d_model=32, n_head=2, n_layer=1, max_len=64), name).double()
+    layer, method = model.blocks[0].attn, model.position
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    rows = torch.stack([torch.arange(6), torch.arange(6) + 9])  # (B, T)
+    both = layer(x, rows, method)
+    for b in range(2):
+        torch.testing.assert_close(both[b : b + 1], layer(x[b : b + 1], rows[b], method), **TOL[torch.float64])
+    if name != "rope":  # the flex backend's bias function reads the same row
+        from posenc.attention import materialize_bias
+
+        q = torch.zeros(2, 2, 6, 16, dtype=torch.float64)
+        fn = method.attention_bias_fn(q, q, rows, rows, 0)
+        torch.testing.assert_close(materialize_bias(fn, 2, 2, 6, 6), method.attention_bias(q, q, rows, rows, 0))
+
+
+def test_a_method_without_per_row_positions_says_so():
+    from posenc.absolute import LearnedPE
+
+    layer = SelfAttention(16, 2)
+    method = LearnedPE(8, 16)
+    with pytest.raises(ValueError, match=r"LearnedPE takes positions \(T,\), not one row per sequence"):
+        layer(torch.randn(2, 3, 16), torch.zeros(2, 3, dtype=torch.long), method)

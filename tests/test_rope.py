@@ -261,6 +261,30 @@ def test_compiled_path_gives_the_eager_results(layout, device):
             torch.testing.assert_close(compiled, eager, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=0)
 
 
+def test_many_variants_each_stay_compiled(recwarn):
+    # nine variants of one layout (three dtypes x three rotary widths), each at two lengths: more
+    # than torch.compile's recompile limit of 8 for a single compiled function, past which it used
+    # to run eagerly without a word. Each variant now has its own compiled function, and hitting the
+    # limit would raise inside it and warn.
+    import warnings
+
+    import posenc.rope.rotation as rope
+
+    torch._dynamo.reset()
+    rope._compiled.clear()
+    rope._compile_failed.clear()
+    torch.manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for half in (8, 12, 16):
+                for T in (9, 17):
+                    c, s = cos_sin(T, 2 * half, start=3)
+                    x = torch.randn(1, 2, T, 40).to(dtype)
+                    assert torch.equal(apply_rope(x, c, s, backend="compiled"), apply_rope(x, c, s, backend="eager"))
+    assert len(rope._compiled) == 9 and not rope._compile_failed
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_halves_are_rounded_to_the_input_dtype_before_they_are_joined(layout):
     # so that a compiled kernel writes bf16 directly instead of a full fp32 intermediate (on the CPU
@@ -491,3 +515,33 @@ def test_permutation_matches_the_llama_conversion_formula():
     w = torch.randn(H * D, C)
     expected = w.view(H, D // 2, 2, C).transpose(1, 2).reshape(H * D, C)
     assert torch.equal(permute_qk_weight(w, H, source="interleaved", target="half"), expected)
+
+
+# ----------------------------------------------------------------- deferred initialisation and compile
+
+
+def test_rope_cos_sin_compiles_with_fullgraph():
+    # no data-dependent branch under torch.compile: fp64 angles are computed for every position and
+    # kept past FP64_ANGLES_FROM, giving the eager values (to one ulp: the compiled cos and sin are
+    # other implementations); far out the exact angles stay, not the fp32 ones (0.06 rad apart at 1e6)
+    inv, _ = inverse_frequencies(64, 500000.0)
+    positions = torch.tensor([0, 5, 4095, 4096, 70000, 1_000_000])
+    compiled = torch.compile(rope_cos_sin, fullgraph=True)
+    for arithmetic in ("exact", "transformers"):
+        got = compiled(positions, inv, 1.25, arithmetic=arithmetic)
+        want = rope_cos_sin(positions, inv, 1.25, arithmetic=arithmetic)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1.25 * 2**-23, rtol=0)
+    fp32 = rope_cos_sin(positions, inv, 1.25, arithmetic="transformers")[0]
+    assert (compiled(positions, inv, 1.25)[0][-1] - fp32[-1]).abs().max() > 1e-3
+
+
+def test_rotary_embedding_can_be_built_on_the_meta_device():
+    # deferred (FSDP-style) initialisation: shapes only on meta; to_empty computes the values
+    reference = TinyLM(LMConfig(vocab_size=16, d_model=32, n_head=2, n_layer=1, max_len=64), "rope")
+    with torch.device("meta"):
+        model = TinyLM(LMConfig(vocab_size=16, d_model=32, n_head=2, n_layer=1, max_len=64), "rope")
+    assert model.position.cos_cached.is_meta and model.position.cos_cached.shape == (64, 8)
+    model.to_empty(device="cpu")
+    for name in ("inv_freq", "cos_cached", "sin_cached"):
+        assert torch.equal(getattr(model.position, name), getattr(reference.position, name)), name

@@ -531,7 +531,8 @@ class SelfAttention(nn.Module):
 
         Args:
             x: ``(B, T, C)`` inputs.
-            positions: ``(T,)`` integer positions of the tokens.
+            positions: ``(T,)`` integer positions of the tokens, or per batch row ``(B, T)`` for a
+                method with ``per_row_positions`` (RoPE, ALiBi, T5).
             method: the position method supplying ``transform_qk`` and ``attention_bias``.
             layer: index of this layer, passed to the method's hooks.
             causal: apply the causal mask.
@@ -543,7 +544,7 @@ class SelfAttention(nn.Module):
             cache: optional :class:`posenc.kv_cache.KVCache`; the new keys/values (after
                 ``transform_qk``) are stored in slot ``layer`` and the queries attend to every
                 cached key. Needs ``key_positions``.
-            key_positions: ``(S,)`` positions of all keys when ``cache`` is given
+            key_positions: ``(S,)`` (or ``(B, S)``) positions of all keys when ``cache`` is given
                 (:meth:`~posenc.kv_cache.KVCache.reserve`).
 
         Returns:
@@ -552,14 +553,20 @@ class SelfAttention(nn.Module):
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, T, C), got {tuple(x.shape)}")
         B, T, C = x.shape
-        check_positions(positions)
-        if positions.numel() != T:
-            raise ValueError(f"positions has {positions.numel()} entries but x has T={T} tokens")
+        if isinstance(positions, Tensor) and positions.dim() == 2 and not method.per_row_positions:
+            raise ValueError(
+                f"{type(method).__name__} takes positions (T,), not one row per sequence {tuple(positions.shape)}; "
+                "methods with per_row_positions (RoPE, ALiBi, T5) take (B, T)"
+            )
+        check_positions(positions, per_row=method.per_row_positions)
+        if positions.shape[-1] != T or (positions.dim() == 2 and positions.shape[0] != B):
+            raise ValueError(f"positions of shape {tuple(positions.shape)} do not match x's (B, T) = {(B, T)}")
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (z.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
         q, k = method.transform_qk(q, k, positions, positions, layer)
         if self.logn_length is not None:
-            q = q * logn_query_scale(positions, self.logn_length).to(q.dtype)[:, None]  # (B, H, T, D)
+            scale = logn_query_scale(positions.reshape(-1), self.logn_length).view(positions.shape)  # (T,) or (B, T)
+            q = q * (scale[:, None] if scale.dim() == 1 else scale[:, None, :, None]).to(q.dtype)  # (B, H, T, D)
         k_positions = positions
         if cache is not None:  # keys are stored after the transform: never transformed again
             if key_positions is None:

@@ -45,23 +45,28 @@ class ModelShape(Protocol):
     max_len: int
 
 
-def check_positions(positions: Tensor, name: str = "positions", max_positions: Optional[int] = None) -> None:
-    """Validate a vector of integer positions.
+def check_positions(
+    positions: Tensor, name: str = "positions", max_positions: Optional[int] = None, *, per_row: bool = False
+) -> None:
+    """Validate a vector of integer positions (or, with ``per_row``, one row of them per sequence).
 
     Args:
-        positions: ``(N,)`` integer tensor of positions.
+        positions: ``(N,)`` integer tensor of positions; with ``per_row`` also ``(B, N)``.
         name: the argument name used in error messages.
         max_positions: if given, every position must be ``< max_positions``.
+        per_row: accept ``(B, N)``: positions per batch row (a left-padded row, or packed sequences).
 
     Raises:
         TypeError: if ``positions`` is not an integer tensor.
-        ValueError: if it is not 1-D, has a negative entry, or exceeds ``max_positions``.
+        ValueError: if it is not 1-D (or 2-D with ``per_row``), has a negative entry, or exceeds
+            ``max_positions``.
     """
     if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
         got = positions.dtype if isinstance(positions, Tensor) else type(positions).__name__
         raise TypeError(f"{name} must be an integer tensor, got {got}")
-    if positions.dim() != 1:
-        raise ValueError(f"{name} must be 1-D (N,), got shape {tuple(positions.shape)}")
+    if positions.dim() != 1 and not (per_row and positions.dim() == 2):
+        allowed = "(N,) or per batch row (B, N)" if per_row else "1-D (N,)"
+        raise ValueError(f"{name} must be {allowed}, got shape {tuple(positions.shape)}")
     if positions.numel() == 0:
         return
     lo, hi = int(positions.min()), int(positions.max())
@@ -83,10 +88,12 @@ class PositionMethod(nn.Module):
 
     #: Number of positions the method covers, or ``None`` if it is defined everywhere.
     max_positions: Optional[int] = None
+    #: Whether the hooks take positions per batch row, ``(B, T)`` and ``(B, S)``, besides ``(T,)``.
+    per_row_positions: bool = False
 
     def check(self, positions: Tensor, name: str = "positions") -> None:
         """Raise ``ValueError`` if ``positions`` is outside what this method covers."""
-        check_positions(positions, name, self.max_positions)
+        check_positions(positions, name, self.max_positions, per_row=self.per_row_positions)
 
     def transform_input(self, x: Tensor, positions: Tensor) -> Tensor:
         """Put position into the token embeddings.

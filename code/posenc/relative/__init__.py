@@ -22,7 +22,7 @@ depend only on (head, relative position), which run on the flex backend with no 
 from posenc.relative.common import RelativeScalarBias, four_terms, relative_positions, relative_shift
 from posenc.relative.deberta import DebertaPE, deberta_bias, deberta_log_bucket, deberta_relative_ids
 from posenc.relative.shaw import ShawRelativePE, shaw_key_bias, shaw_relative_ids, shaw_value_term
-from posenc.relative.t5 import T5RelativeBias, t5_relative_bucket
+from posenc.relative.t5 import T5RelativeBias, t5_bias, t5_relative_bucket
 from posenc.relative.transformer_xl import TransformerXLPE, transformer_xl_bias, transformer_xl_sinusoids
 from posenc.relative.tupe import TUPE, tupe_position_logits
 
@@ -42,6 +42,7 @@ __all__ = [
     "shaw_key_bias",
     "shaw_relative_ids",
     "shaw_value_term",
+    "t5_bias",
     "t5_relative_bucket",
     "transformer_xl_bias",
     "transformer_xl_sinusoids",

@@ -21,19 +21,20 @@ def relative_positions(q_positions: Tensor, k_positions: Tensor) -> Tensor:
     """Matrix of relative positions ``key_position - query_position``.
 
     Args:
-        q_positions: ``(T,)`` integer query positions.
-        k_positions: ``(S,)`` integer key positions.
+        q_positions: ``(T,)`` integer query positions, or per batch row ``(B, T)``.
+        k_positions: ``(S,)`` integer key positions, or per batch row ``(B, S)``.
 
     Returns:
-        ``(T, S)`` int64, entry ``[t, s] = k_positions[s] - q_positions[t]``.
+        ``(T, S)`` int64, entry ``[t, s] = k_positions[s] - q_positions[t]``; ``(B, T, S)`` where a
+        position tensor has a batch dim.
 
     Raises:
         TypeError: if a position tensor is not an integer tensor.
-        ValueError: if a position tensor is not 1-D or has a negative entry.
+        ValueError: if a position tensor is not 1-D or 2-D or has a negative entry.
     """
-    check_positions(q_positions, "q_positions")
-    check_positions(k_positions, "k_positions")
-    return k_positions.long()[None, :] - q_positions.long()[:, None]  # (T, S)
+    check_positions(q_positions, "q_positions", per_row=True)
+    check_positions(k_positions, "k_positions", per_row=True)
+    return k_positions.long().unsqueeze(-2) - q_positions.long().unsqueeze(-1)  # (T, S) or (B, T, S)
 
 
 def check_int_tensor(x, name: str) -> None:
@@ -135,9 +136,11 @@ class RelativeScalarBias(PositionMethod):
         """
         raise NotImplementedError
 
+    per_row_positions = True
+
     def _lookup(self, q_positions: Tensor, k_positions: Tensor, layer: int) -> tuple[Tensor, int]:
-        check_positions(q_positions, "q_positions")
-        check_positions(k_positions, "k_positions")
+        check_positions(q_positions, "q_positions", per_row=True)
+        check_positions(k_positions, "k_positions", per_row=True)
         lo = int(k_positions.min()) - int(q_positions.max())
         hi = int(k_positions.max()) - int(q_positions.min())
         relative = torch.arange(lo, hi + 1, device=q_positions.device)  # (N,), N = T + S - 1 if contiguous
@@ -145,15 +148,18 @@ class RelativeScalarBias(PositionMethod):
 
     def attention_bias(self, q, k, q_positions, k_positions, layer) -> Tensor:
         table, lo = self._lookup(q_positions, k_positions, layer)  # (H, N)
-        index = relative_positions(q_positions, k_positions) - lo  # (T, S)
-        return table[:, index].unsqueeze(0).to(q.dtype)  # (1, H, T, S)
+        index = relative_positions(q_positions, k_positions) - lo  # (T, S) or (B, T, S)
+        bias = table[:, index]  # (H, T, S) or (H, B, T, S)
+        return (bias.unsqueeze(0) if index.dim() == 2 else bias.transpose(0, 1)).to(q.dtype)  # (1 or B, H, T, S)
 
     def attention_bias_fn(self, q, k, q_positions, k_positions, layer) -> Optional[Callable]:
         table, lo = self._lookup(q_positions, k_positions, layer)  # (H, N)
         table = table.to(q.dtype)
         qp, kp = q_positions.long(), k_positions.long()
+        q_of = (lambda b, i: qp[b, i]) if qp.dim() == 2 else (lambda b, i: qp[i])  # noqa: E731
+        k_of = (lambda b, i: kp[b, i]) if kp.dim() == 2 else (lambda b, i: kp[i])  # noqa: E731
 
         def bias_fn(b, h, q_idx, kv_idx):
-            return table[h, kp[kv_idx] - qp[q_idx] - lo]
+            return table[h, k_of(b, kv_idx) - q_of(b, q_idx) - lo]
 
         return bias_fn

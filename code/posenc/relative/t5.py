@@ -78,6 +78,52 @@ def t5_relative_bucket(
     return offset + torch.where(distance < exact, distance, log_bucket)
 
 
+def t5_bias(
+    weight: Tensor,
+    q_positions: Tensor,
+    k_positions: Tensor,
+    *,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+) -> Tensor:
+    """T5's relative attention bias as a pure function of its table and the positions.
+
+    ``bias[..., h, t, s] = weight[bucket(k_s - q_t), h]`` with :func:`t5_relative_bucket`: what
+    Hugging Face's ``T5Attention.compute_bias`` returns, for any positions (a decoding step against
+    a cache, or a left-padded row's positions, per batch row).
+
+    Args:
+        weight: ``(num_buckets, H)``: Hugging Face's ``relative_attention_bias.weight`` as it is
+            (an ``nn.Embedding(num_buckets, n_heads)``); ``num_buckets`` is its first dim.
+        q_positions: ``(T,)`` or per batch row ``(B, T)`` integer positions of the queries.
+        k_positions: ``(S,)`` or ``(B, S)`` integer positions of the keys.
+        bidirectional: ``True`` for an encoder, ``False`` for a decoder (Hugging Face's
+            ``not is_decoder``).
+        max_distance: T5's ``relative_attention_max_distance`` (128).
+
+    Returns:
+        ``(H, T, S)``, or ``(B, H, T, S)`` where a position tensor has a batch dim; ``weight``'s dtype.
+
+    Raises:
+        TypeError: a non-float ``weight``, non-integer positions.
+        ValueError: ``weight`` that is not 2-D, positions that are not 1-D or 2-D or whose batch
+            dims disagree; bucket arguments as in :func:`t5_relative_bucket`.
+    """
+    if not isinstance(weight, Tensor) or not weight.dtype.is_floating_point:
+        raise TypeError(f"weight must be a float tensor (num_buckets, H), got {getattr(weight, 'dtype', type(weight).__name__)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (num_buckets, H) (Hugging Face's layout), got {tuple(weight.shape)}")
+    for name, p in (("q_positions", q_positions), ("k_positions", k_positions)):
+        check_int_tensor(p, name)
+        if p.dim() not in (1, 2):
+            raise ValueError(f"{name} must have shape (N,) or (B, N), got {tuple(p.shape)}")
+    if q_positions.dim() == k_positions.dim() == 2 and q_positions.shape[0] != k_positions.shape[0]:
+        raise ValueError(f"q_positions and k_positions disagree on the batch: {tuple(q_positions.shape)}, {tuple(k_positions.shape)}")
+    relative = k_positions.long().unsqueeze(-2) - q_positions.long().unsqueeze(-1)  # (T, S) or (B, T, S)
+    buckets = t5_relative_bucket(relative, bidirectional, weight.shape[0], max_distance)
+    return weight[buckets].movedim(-1, -3)  # (..., H, T, S)
+
+
 class T5RelativeBias(RelativeScalarBias):
     """T5's learned per-head scalar bias of the relative bucket, added to the attention logits.
 

@@ -60,13 +60,20 @@ def rope_cos_sin(
         raise TypeError(f"inv_freq must be a float tensor, got {getattr(inv_freq, 'dtype', type(inv_freq).__name__)}")
     if inv_freq.dim() != 1:
         raise ValueError(f"inv_freq must be 1-D (R/2,), got shape {tuple(inv_freq.shape)}")
-    if positions.dtype.is_floating_point and positions.numel() and not bool(torch.isfinite(positions).all()):
+    compiling = torch.compiler.is_compiling()
+    if (not compiling and positions.dtype.is_floating_point and positions.numel()
+            and not bool(torch.isfinite(positions).all())):
         raise ValueError("positions must be finite")
     device = positions.device
     inv32 = inv_freq.to(device=device, dtype=torch.float32)
     angles = positions.to(torch.float32)[..., None] * inv32  # P + (R/2,)
     cos, sin = angles.cos(), angles.sin()
-    if arithmetic == "exact" and positions.numel() and bool((far := positions.abs() >= FP64_ANGLES_FROM).any()):
+    if arithmetic == "exact" and compiling:  # no data-dependent branch: fp64 angles everywhere, kept where far
+        far = (positions.abs() >= FP64_ANGLES_FROM)[..., None]  # P + (1,)
+        a64 = positions.to(torch.float64)[..., None] * inv32.to(torch.float64)
+        cos = torch.where(far, a64.cos().to(torch.float32), cos)
+        sin = torch.where(far, a64.sin().to(torch.float32), sin)
+    elif arithmetic == "exact" and positions.numel() and bool((far := positions.abs() >= FP64_ANGLES_FROM).any()):
         # fp64 where fp32 angles lose accuracy; MPS has no fp64, so that part runs on the CPU.
         work = torch.device("cpu") if device.type == "mps" else device
         p64 = positions[far].to(work, torch.float64)  # (F,)
@@ -172,22 +179,32 @@ COMPILE_MIN_NUMEL = 1 << 20
 
 APPLY_BACKENDS = ("auto", "eager", "compiled", "triton")
 
-_compiled: dict[str, Callable] = {}
-_compile_failed: list[str] = []
+#: One compiled function per variant of the arguments (layout, dtypes, ranks, widths, device type),
+#: each with its own cache of compiled graphs: variants never compete for torch.compile's recompile
+#: limit, past which it would run the function eagerly without a word.
+_compiled: dict[tuple, Callable] = {}
+#: Variants whose compile failed (or hit the recompile limit), with the reason: eager from then on.
+_compile_failed: dict[tuple, str] = {}
+
+
+def _variant(x: Tensor, cos: Tensor, layout: str) -> tuple:
+    return (layout, x.dtype, cos.dtype, x.dim(), cos.dim(), cos.shape[-1], x.shape[-1], x.device.type)
 
 
 def _apply_compiled(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """The compiled kernel (one per layout, so that the layout is not a guard); eager if it fails."""
-    if not _compile_failed:
-        if layout not in _compiled:
-            _compiled[layout] = torch.compile(functools.partial(apply_rope_eager, layout=layout))
+    """The compiled kernel of this variant of the arguments; eager, with a warning, if it fails."""
+    key = _variant(x, cos, layout)
+    if key not in _compile_failed:
+        if key not in _compiled:
+            _compiled[key] = torch.compile(functools.partial(apply_rope_eager, layout=layout))
         try:
-            return _compiled[layout](x, cos, sin)
-        except Exception as err:  # no compiler, unsupported platform: say so once, then stay eager
-            _compile_failed.append(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # never fall back silently
+                return _compiled[key](x, cos, sin)
+        except Exception as err:  # no compiler, unsupported platform, the recompile limit: say so once
+            _compile_failed[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             warnings.warn(
-                f"posenc.rope: torch.compile failed ({_compile_failed[0]}); apply_rope runs eagerly "
-                "from now on (same results, slower)",
+                f"posenc.rope: torch.compile failed for {key} ({_compile_failed[key]}); apply_rope runs eagerly "
+                "for these arguments from now on (same results, slower)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -355,7 +372,9 @@ class RotaryEmbedding(PositionMethod):
     cos/sin of positions ``0 .. max_positions - 1`` are cached as non-persistent fp32 buffers,
     built in ``__init__`` or by :meth:`build_cache`; positions outside the cache raise
     ``ValueError`` (call :meth:`build_cache` with a larger size). The cache stays fp32 when the
-    model is cast (``model.to(torch.bfloat16)``): it is rebuilt instead of rounded.
+    model is cast (``model.to(torch.bfloat16)``): it is rebuilt instead of rounded. Built on the
+    meta device (``with torch.device("meta")``, deferred or FSDP initialisation) it holds shapes
+    only, and ``to_empty(device=...)`` computes its values on the new device.
 
     With a KV cache, keys are stored rotated by their own positions, and a new query at position
     ``m`` is rotated by ``m``: nothing stored is ever rotated again (see the RoPE chapter).
@@ -416,20 +435,27 @@ class RotaryEmbedding(PositionMethod):
         evaluated at ``seq_len = max_positions``)."""
         if not isinstance(max_positions, int) or isinstance(max_positions, bool) or max_positions < 1:
             raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
-        device = self.inv_freq.device if "inv_freq" in self._buffers else None
-        inv_freq, self.attention_scale = inverse_frequencies(
-            self.rotary_dim, self.base, self.scaling, seq_len=max_positions, device=device, arithmetic=self.arithmetic
-        )
+        device = self.inv_freq.device if "inv_freq" in self._buffers else torch.empty(0).device  # or the ambient one
+        work = torch.device("cpu") if device.type == "meta" else device
+        with torch.device(work):  # on the meta device (deferred init) the values are computed, then dropped
+            inv_freq, self.attention_scale = inverse_frequencies(
+                self.rotary_dim, self.base, self.scaling, seq_len=max_positions, device=work, arithmetic=self.arithmetic
+            )
+            positions = torch.arange(max_positions, device=work)
+            cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale, arithmetic=self.arithmetic)  # (N, R/2)
+        if device.type == "meta":
+            inv_freq, cos, sin = (t.to("meta") for t in (inv_freq, cos, sin))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (R/2,)
-        positions = torch.arange(max_positions, device=inv_freq.device)
-        cos, sin = rope_cos_sin(positions, inv_freq, self.attention_scale, arithmetic=self.arithmetic)  # (N, R/2)
         self.register_buffer("cos_cached", cos, persistent=False)
         self.register_buffer("sin_cached", sin, persistent=False)
         self.max_positions = max_positions
 
     def _apply(self, fn, recurse=True):
+        was_meta = self.cos_cached.is_meta
         super()._apply(fn, recurse)
-        if self.cos_cached.dtype != torch.float32:  # a model-wide cast: rebuild, never round
+        # a model-wide cast: rebuild, never round; leaving the meta device (to_empty after deferred
+        # initialisation): the buffers hold no values yet, so compute them
+        if self.cos_cached.dtype != torch.float32 or (was_meta and not self.cos_cached.is_meta):
             self.build_cache(self.max_positions)
         return self
 
@@ -438,10 +464,17 @@ class RotaryEmbedding(PositionMethod):
         self.check(positions)
         return self.cos_cached[positions], self.sin_cached[positions]
 
+    per_row_positions = True
+
     def transform_qk(self, q, k, q_positions, k_positions, layer):
-        """Rotate ``q`` ``(B, H, T, D)`` by ``q_positions`` and ``k`` ``(B, H, S, D)`` by ``k_positions``."""
-        cq, sq = self.cos_sin(q_positions)  # (T, R/2)
-        ck, sk = (cq, sq) if k_positions is q_positions else self.cos_sin(k_positions)  # (S, R/2)
+        """Rotate ``q`` ``(B, H, T, D)`` by ``q_positions`` and ``k`` ``(B, H, S, D)`` by ``k_positions``,
+        each ``(T,)``/``(S,)`` or per batch row ``(B, T)``/``(B, S)``."""
+        cq, sq = self.cos_sin(q_positions)  # (T, R/2) or (B, T, R/2)
+        ck, sk = (cq, sq) if k_positions is q_positions else self.cos_sin(k_positions)  # (S, R/2) or (B, S, R/2)
+        if cq.dim() == 3:
+            cq, sq = cq[:, None], sq[:, None]  # (B, 1, T, R/2): the same rotation for every head
+        if ck.dim() == 3:
+            ck, sk = ck[:, None], sk[:, None]
         return apply_rope(q, cq, sq, self.layout), apply_rope(k, ck, sk, self.layout)
 
     def extra_repr(self) -> str:
