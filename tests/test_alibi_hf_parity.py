@@ -51,3 +51,12 @@ def test_bloom_left_padded_bias_gives_the_same_attention(device):
     b = attention(q, k, v, bias=ours, causal=True, key_padding_mask=pad)
     torch.testing.assert_close(a[:, :, 4:], b[:, :, 4:], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a[0], b[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 4, 6, 12, 16, 24, 40, 64, 112])
+def test_transformers_arithmetic_gives_blooms_slopes_bit_for_bit(num_heads):
+    # BLOOM's code raises an fp32 ratio to integer powers (test above: up to 5.1e-7 off the exact slopes);
+    # arithmetic="transformers" does the same
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    assert torch.equal(alibi_slopes(num_heads, arithmetic="transformers"), _get_alibi_slopes(num_heads, "cpu"))

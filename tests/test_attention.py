@@ -169,7 +169,7 @@ def test_validation_messages():
         attention(q, k, v[0])
     with pytest.raises(TypeError, match="share a dtype"):
         attention(q, k.float(), v)
-    with pytest.raises(ValueError, match=r"agree on \(B, H\).*q \(2, 3, 5, 8\), k \(2, 2, 7, 8\)"):
+    with pytest.raises(ValueError, match=r"which divides q's H.*q \(2, 3, 5, 8\), k \(2, 2, 7, 8\)"):
         attention(q, k[:, :2], v[:, :2])
     with pytest.raises(ValueError, match="share the head dim D"):
         attention(q, k[..., :4], v)
@@ -554,3 +554,34 @@ def test_a_method_without_per_row_positions_says_so():
     method = LearnedPE(8, 16)
     with pytest.raises(ValueError, match=r"LearnedPE takes positions \(T,\), not one row per sequence"):
         layer(torch.randn(2, 3, 16), torch.zeros(2, 3, dtype=torch.long), method)
+
+
+# ------------------------------------------------------------------ grouped-query attention
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "flex"])
+@pytest.mark.parametrize("masks", ["none", "causal", "causal+padding+bias"])
+def test_grouped_query_attention_is_attention_with_repeated_key_heads(backend, masks):
+    # transformers' repeat_kv: key/value head j serves query heads j*G .. j*G+G-1
+    import warnings
+
+    q, _, _ = qkv(B=2, H=6, T=5, S=5, D=32)
+    _, k, v = qkv(B=2, H=2, T=5, S=5, D=32, seed=1)
+    kw = {}
+    if masks != "none":
+        kw["causal"] = True
+    if masks == "causal+padding+bias":
+        kw["key_padding_mask"] = torch.tensor([[True, False, False, False, False], [False] * 5])
+        kw["bias"] = torch.randn(1, 6, 5, 5, dtype=torch.float64)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # flex may fall back to SDPA on this platform
+        got = attention(q, k, v, backend=backend, **kw)
+    want = attention(q, k.repeat_interleave(3, dim=1), v.repeat_interleave(3, dim=1), backend="reference", **kw)
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+
+
+def test_grouped_query_heads_must_divide():
+    q, _, _ = qkv(B=1, H=6, T=3, S=3)
+    _, k, v = qkv(B=1, H=4, T=3, S=3)
+    with pytest.raises(ValueError, match="k and v on H, which divides q's H"):
+        attention(q, k, v)

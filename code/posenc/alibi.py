@@ -39,7 +39,7 @@ def _geometric_slopes(n: int) -> list[float]:
     return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
 
 
-def alibi_slopes(num_heads: int) -> Tensor:
+def alibi_slopes(num_heads: int, *, arithmetic: str = "exact") -> Tensor:
     """The ALiBi slope of every head.
 
     For ``n = num_heads`` a power of two the slopes are the geometric sequence that starts at
@@ -50,10 +50,13 @@ def alibi_slopes(num_heads: int) -> Tensor:
     slope of ``2p`` heads (``m = 2^(-4 (2j + 1) / p)``, ``j = 0 .. n - p - 1``). The result is then
     **not monotonic**: for 6 heads it is ``2^-2, 2^-4, 2^-6, 2^-8, 2^-1, 2^-3``.
 
-    Computed in fp64 and rounded once to fp32.
+    Computed in fp64 and rounded once to fp32 (``arithmetic="exact"``), or as BLOOM's and
+    transformers' code computes them (``"transformers"``: an fp32 power of an fp32 base, one fp32
+    ulp away for some head counts that are not powers of two, e.g. 2 of 12 heads).
 
     Args:
         num_heads: number of heads ``H >= 1``.
+        arithmetic: ``"exact"`` or ``"transformers"``.
 
     Returns:
         ``(H,)`` float32 slopes, all in ``(0, 1)``.
@@ -66,7 +69,14 @@ def alibi_slopes(num_heads: int) -> Tensor:
         raise TypeError(f"num_heads must be an int, got {type(num_heads).__name__} {num_heads!r}")
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if arithmetic not in ("exact", "transformers"):
+        raise ValueError(f"arithmetic must be 'exact' or 'transformers', got {arithmetic!r}")
     p = 1 << (num_heads.bit_length() - 1)  # largest power of two <= num_heads
+    if arithmetic == "transformers":  # powers of the fp32 ratio, as BLOOM's _get_alibi_slopes
+        ratio = lambda n: torch.tensor(2.0 ** (-8.0 / n), dtype=torch.float32)  # noqa: E731
+        first = torch.pow(ratio(p), torch.arange(1, p + 1, dtype=torch.int32))
+        rest = torch.pow(ratio(2 * p), torch.arange(1, 2 * (num_heads - p) + 1, 2, dtype=torch.int32))
+        return torch.cat([first, rest])  # (H,)
     slopes = _geometric_slopes(p) + _geometric_slopes(2 * p)[0::2][: num_heads - p]
     return torch.tensor(slopes, dtype=torch.float64).float()  # (H,)
 

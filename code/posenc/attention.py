@@ -81,9 +81,10 @@ def _validate(q: Tensor, k: Tensor, v: Tensor, bias, key_padding_mask, causal: b
             raise ValueError(f"{name} must have shape (B, H, L, D), got shape {tuple(x.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1]:
         raise ValueError(
-            f"q, k, v must agree on (B, H); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            "q, k, v must agree on B, and k and v on H, which divides q's H (grouped-query attention); "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must share the head dim D; got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -326,8 +327,10 @@ def attention(
 
     Args:
         q: ``(B, H, T, D)`` queries.
-        k: ``(B, H, S, D)`` keys.
-        v: ``(B, H, S, Dv)`` values.
+        k: ``(B, H_kv, S, D)`` keys; ``H_kv`` divides ``H`` (grouped-query attention: key/value head
+            ``j`` serves query heads ``j * H / H_kv .. (j + 1) * H / H_kv - 1``, as in transformers'
+            ``repeat_kv``).
+        v: ``(B, H_kv, S, Dv)`` values.
         bias: optional float tensor broadcastable to ``(B, H, T, S)``, added to the logits.
             The ``"reference"`` backend adds it in fp32 (or fp64); ``"sdpa"`` casts it to ``q.dtype``.
         bias_fn: optional additive bias as a function ``bias_fn(b, h, q_idx, kv_idx)`` of integer
@@ -370,6 +373,12 @@ def attention(
         raise ValueError(f"return_weights=True needs backend='reference', got backend={backend!r}")
     if bias is not None and bias_fn is not None:
         raise ValueError("give the logit bias either as a tensor (bias) or as a function (bias_fn), not both")
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves H / H_kv query heads
+        if backend == "sdpa" and _SDPA_GQA:
+            return _sdpa_gqa(q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
+                             scale=scale)
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     B, H, T, D = q.shape
     S = k.shape[2]
     scale = D**-0.5 if scale is None else float(scale)
@@ -436,6 +445,35 @@ def attention(
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return out  # (B, H, T, Dv)
+
+
+#: Whether this torch's SDPA takes ``enable_gqa`` (2.5 and later): grouped-query attention without a copy of k and v.
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+def _sdpa_gqa(q, k, v, *, bias, bias_fn, causal, key_padding_mask, scale) -> Tensor:
+    """:func:`attention` with the SDPA backend for k, v with fewer heads than q: SDPA's ``enable_gqa``."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    scale = D**-0.5 if scale is None else float(scale)
+    if bias_fn is not None:
+        bias = materialize_bias(bias_fn, B, H, T, S, device=q.device)
+    if causal and T == 1:
+        causal = False
+    if causal and T == S and key_padding_mask is None and bias is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    keep = None if not causal else ~causal_mask(T, S, device=q.device)  # (T, S), True = attend
+    dead = None
+    if key_padding_mask is not None:
+        pad_keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+        keep = pad_keep if keep is None else keep & pad_keep
+        dead = ~keep.any(dim=-1, keepdim=True)  # (B, 1, T, 1): queries with no visible key
+        keep = keep | dead
+    attn_mask = keep
+    if bias is not None:
+        attn_mask = bias.to(q.dtype) if keep is None else bias.to(q.dtype).masked_fill(~keep, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+    return out if dead is None else out.masked_fill(dead, 0.0)  # (B, H, T, Dv)
 
 
 def check_logn_length(length, name: str = "logn_length") -> None:

@@ -1,0 +1,213 @@
+"""posenc inside a Hugging Face transformers model: the pieces a model calls, computed by posenc.
+
+Each piece has the signature and output of the transformers code it replaces, so a model runs
+unchanged with posenc's position code swapped in (tests/test_hf_interop.py reproduces the logits of
+tiny random-weight Llama, Qwen2, GPT-NeoX, Phi-3, Gemma 3, DeepSeek-V3, BLOOM and T5 models):
+
+* :class:`HFRotaryEmbedding`: a model's ``rotary_emb``. ``forward(x, position_ids[, layer_type])``
+  returns transformers' ``(cos, sin)``: ``(B, T, R)`` in ``x``'s dtype, the ``R/2`` values twice
+  (concatenated), as every transformers rotary module returns them; the model's own attention code
+  applies them in its own layout. Read from the model's config with
+  :func:`~posenc.rope.hf_config.scaling_from_hf`, in transformers' arithmetic by default (cos/sin
+  bit for bit), per layer type for Gemma-style configs, with three positions per token for
+  multimodal RoPE, and with transformers' length-dependent state for ``dynamic`` and ``longrope``.
+* :func:`attention_forward`: an attention function with transformers' ``AttentionInterface``
+  signature, computed by :func:`posenc.attention.attention` (grouped-query attention included);
+  :func:`register_attention` registers it, with transformers' boolean mask creation, under a name
+  for ``model.set_attn_implementation(name)``.
+* :func:`bloom_alibi_tensor` and :func:`t5_compute_bias`: BLOOM's ``build_alibi_tensor`` and T5's
+  ``T5Attention.compute_bias`` from :mod:`posenc.alibi` and :func:`posenc.relative.t5.t5_bias`.
+
+transformers is imported only inside :func:`register_attention`: posenc does not depend on it.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor, nn
+
+from posenc.alibi import alibi_slopes
+from posenc.attention import attention
+from posenc.relative.t5 import t5_bias
+from posenc.rope.frequencies import LENGTH_DEPENDENT, inverse_frequencies
+from posenc.rope.hf_config import scaling_by_layer_type
+from posenc.rope.multimodal import mrope_cos_sin
+from posenc.rope.rotation import rope_cos_sin
+
+
+class HFRotaryEmbedding(nn.Module):
+    """A transformers model's rotary embedding, computed by posenc: a drop-in ``model.rotary_emb``.
+
+    Args:
+        config: the model's config (a transformers config object or ``config.json`` as a dict).
+        arithmetic: ``"transformers"`` (default: the model's own cos/sin bit for bit) or ``"exact"``
+            (:data:`~posenc.rope.frequencies.ARITHMETICS`).
+
+    ``forward(x, position_ids, layer_type=None)``: ``x`` gives the dtype and device; ``position_ids``
+    is ``(B, T)`` (``(3, B, T)`` or ``(B, T)`` for multimodal RoPE); ``layer_type`` picks the rope
+    of a config with one per layer type (Gemma 3 passes it). Returns ``(cos, sin)``, each
+    ``(B, T, R)`` in ``x.dtype``.
+
+    The ``dynamic`` scaling keeps transformers' state: the frequencies of the longest length seen so
+    far, back to the original ones once a shorter sequence than the original length comes; LongRoPE
+    uses its long factors for a call whose largest position reaches past the original length.
+
+    Raises:
+        ValueError: a config posenc cannot read (see :func:`~posenc.rope.hf_config.scaling_from_hf`),
+            one without a head size, an unknown ``layer_type``.
+    """
+
+    def __init__(self, config, *, arithmetic: str = "transformers"):
+        super().__init__()
+        self.ropes = {t: r for t, r in scaling_by_layer_type(config).items() if r is not None}
+        for layer_type, rope in self.ropes.items():
+            if rope.rotary_dim is None:
+                raise ValueError(f"the config gives no head size for {layer_type!r}: pass the whole config")
+        self.arithmetic = arithmetic
+        whole = config.to_dict() if not isinstance(config, Mapping) and hasattr(config, "to_dict") else config
+        inner = whole.get("text_config") if isinstance(whole.get("text_config"), Mapping) else whole
+        self.max_position_embeddings = inner.get("max_position_embeddings", whole.get("max_position_embeddings"))
+        self._longest = {t: None for t in self.ropes}  # dynamic: the length whose frequencies are in use
+
+    def _frequencies(self, layer_type: str, seq_len: int) -> tuple[Tensor, float]:
+        rope = self.ropes[layer_type]
+        rope_type = (rope.scaling or {}).get("rope_type", "default")
+        if rope_type == "dynamic":  # transformers' dynamic_rope_update: grow with the longest length, reset below L
+            original = rope.scaling["original_max_position_embeddings"]
+            longest = self._longest[layer_type] or original
+            if seq_len > longest:
+                longest = seq_len
+            elif seq_len < original:
+                longest = original
+            self._longest[layer_type] = longest
+            seq_len = longest
+        elif rope_type not in LENGTH_DEPENDENT:
+            seq_len = None
+        return inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, seq_len=seq_len, arithmetic=self.arithmetic)
+
+    def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
+        if layer_type is None:
+            if len(self.ropes) > 1 and len({tuple(r) + (str(r.mrope),) for r in self.ropes.values()}) > 1:
+                raise ValueError(f"the config has a rope per layer type ({sorted(self.ropes)}): pass layer_type")
+            layer_type = next(iter(self.ropes))
+        if layer_type not in self.ropes:
+            raise ValueError(f"layer_type must be one of {sorted(self.ropes)}, got {layer_type!r}")
+        rope = self.ropes[layer_type]
+        seq_len = int(position_ids.max()) + 1
+        inv_freq, scale = self._frequencies(layer_type, seq_len)
+        if rope.mrope is not None:
+            positions = position_ids if position_ids.dim() == 3 else position_ids.expand(3, *position_ids.shape)
+            cos, sin = mrope_cos_sin(positions.to(x.device), inv_freq.to(x.device), **rope.mrope,
+                                     attention_scale=scale, arithmetic=self.arithmetic)
+        else:
+            cos, sin = rope_cos_sin(position_ids.to(x.device), inv_freq.to(x.device), scale, arithmetic=self.arithmetic)
+        return torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)  # (B, T, R) each
+
+
+def attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    scaling: Optional[float] = None,
+    dropout: float = 0.0,
+    is_causal: Optional[bool] = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function interface, computed by :func:`posenc.attention.attention`.
+
+    Args:
+        module: the calling attention module (its ``is_causal`` is read when no mask is given).
+        query: ``(B, H, T, D)``; key, value: ``(B, H_kv, S, D)`` and ``(B, H_kv, S, Dv)``.
+        attention_mask: ``None`` (causal, or nothing to mask), transformers' boolean
+            ``(B, 1, T, S)`` mask (True = attend; :func:`register_attention` asks for it), or an
+            additive float mask.
+        scaling: the logit scale (default ``1/sqrt(D)``).
+        dropout: must be 0 (posenc's attention has no dropout; transformers passes 0 in eval mode).
+        is_causal: overrides ``module.is_causal``.
+        kwargs: transformers' other keyword arguments; a ``softcap`` or ``position_bias`` is refused.
+
+    Returns:
+        ``(out, None)``, ``out`` of shape ``(B, T, H, Dv)`` as transformers expects.
+
+    Raises:
+        ValueError: dropout, logit soft-capping or a position bias (not computed here).
+    """
+    if dropout:
+        raise ValueError(f"posenc's attention has no dropout; got dropout={dropout} (use the model in eval mode)")
+    for name in ("softcap", "position_bias", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"posenc's attention_forward does not compute {name}; use transformers' own attention")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    bias = None
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:  # True = attend; the lowest finite logit, as transformers' eager masks
+            bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+            bias = bias.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+        else:
+            bias = attention_mask.to(query.dtype)
+        causal = False  # the mask already holds the causal pattern (and any sliding window)
+    causal = causal and query.shape[2] > 1
+    out = attention(query, key, value, bias=bias, causal=causal, scale=scaling, backend="sdpa")
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention(name: str = "posenc") -> str:
+    """Register :func:`attention_forward` with transformers under ``name``, with its boolean
+    ``sdpa`` masks; then ``model.set_attn_implementation(name)``. Returns ``name``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def bloom_alibi_tensor(attention_mask: Tensor, num_heads: int, dtype: torch.dtype) -> Tensor:
+    """BLOOM's ``build_alibi_tensor``: ALiBi's bias of every key, ``(B * H, 1, S)``, from posenc.
+
+    The bias of key ``s`` in head ``h`` is ``m_h * p_s``, ``p_s`` the key's position counted over
+    the kept tokens (0 at the first one; 0 at padding). BLOOM adds it to every query's row: the
+    query's own term ``-m_h * p_t`` is the same across a row, so softmax removes it.
+
+    Args:
+        attention_mask: ``(B, S)`` 0/1, 1 = keep (transformers' form).
+        num_heads: ``H``.
+        dtype: of the result.
+    """
+    B, S = attention_mask.shape
+    slopes = alibi_slopes(num_heads, arithmetic="transformers").to(attention_mask.device)  # (H,): BLOOM's bits
+    keep = attention_mask.to(torch.long)
+    positions = ((keep.cumsum(-1) - 1) * keep).to(torch.float32)  # (B, S)
+    return (slopes[None, :, None] * positions[:, None, :]).reshape(B * num_heads, 1, S).to(dtype)
+
+
+def t5_compute_bias(module: nn.Module, query_length: int, key_length: int, device=None, past_seen_tokens: int = 0) -> Tensor:
+    """``T5Attention.compute_bias`` from :func:`posenc.relative.t5.t5_bias`: ``(1, H, T, S)``.
+
+    Bind it to a T5 attention module that has the table (``has_relative_attention_bias``) with
+    ``module.compute_bias = types.MethodType(t5_compute_bias, module)``, or use
+    :func:`use_posenc_t5_bias` on a whole model.
+    """
+    weight = module.relative_attention_bias.weight  # (num_buckets, H)
+    device = weight.device if device is None else device
+    queries = torch.arange(query_length, device=device) + past_seen_tokens
+    keys = torch.arange(key_length, device=device)
+    bias = t5_bias(weight, queries, keys, bidirectional=not module.is_decoder,
+                   max_distance=module.relative_attention_max_distance)
+    return bias.unsqueeze(0)  # (1, H, T, S)
+
+
+def use_posenc_t5_bias(model: nn.Module) -> int:
+    """Make every T5 attention module with a bias table compute it with :func:`t5_compute_bias`;
+    returns how many were changed."""
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "has_relative_attention_bias", False):
+            module.compute_bias = types.MethodType(t5_compute_bias, module)
+            changed += 1
+    return changed
