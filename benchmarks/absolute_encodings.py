@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from posenc.absolute import HybridPE, LearnedPE, LowRankPE, SinusoidalPE, sinusoidal_table
-from posenc.notebook import time_ms
+from posenc.lab.notebook import time_ms
 
 
 def main() -> None:

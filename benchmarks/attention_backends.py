@@ -10,7 +10,7 @@ import statistics
 import torch
 
 from posenc.attention import attention
-from posenc.notebook import time_ms
+from posenc.lab.notebook import time_ms
 
 
 def bench_in_turns(fns: dict, repeats: int) -> dict:

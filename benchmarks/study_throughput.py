@@ -1,15 +1,15 @@
 """Training throughput of the extrapolation study's cells with P processes sharing one device.
 
-The study (:mod:`posenc.experiments.extrapolation`) trains many tiny models, one per cell; at the
+The study (:mod:`posenc.lab.experiments.extrapolation`) trains many tiny models, one per cell; at the
 ``--preset gpu`` size one model leaves much of a GPU idle. This script measures how much running P
 cells at once on the device buys: for each P of ``--processes`` it starts P fresh processes
-(``multiprocessing``, spawn), process ``i`` on :func:`posenc.experiments.distributed.device_for`
+(``multiprocessing``, spawn), process ``i`` on :func:`posenc.lab.experiments.distributed.device_for`
 ``(i, device, GPUs)`` (on one GPU all of them on ``cuda:0``, as under ``torchrun``) with
 ``max(1, cores // P)`` CPU threads. Each builds its own model of the study
-(:func:`posenc.experiments.extrapolation.build_model`: :class:`posenc.lm.TinyLM` at the preset's
+(:func:`posenc.lab.experiments.extrapolation.build_model`: :class:`posenc.lab.lm.TinyLM` at the preset's
 width, depth, heads and cache length, seed ``i``), of the ``(method, task)`` cell
 ``cells[i % len(cells)]`` (every method of ``--methods`` on every task of ``--tasks``), and trains it
-with the study's loop (:func:`posenc.train.train` on the byte corpus, or :func:`posenc.train.train_task`
+with the study's loop (:func:`posenc.lab.train.train` on the byte corpus, or :func:`posenc.lab.train.train_task`
 on passkey rows) at the preset's training shape: ``lm_batch`` (or ``passkey_batch``) rows of
 ``train_length`` tokens, the preset's learning rate.
 
@@ -28,7 +28,7 @@ its steps and its own elapsed time, the device synchronised at both ends. Report
   evaluations and the fine-tunes' longer windows (same tokens per step, longer attention) are not
   in it, so it is an upper bound on the study's rate, and the ratio between two P is what it measures.
 
-``torch.compile`` is not measured: :mod:`posenc.train` has no option to compile the model.
+``torch.compile`` is not measured: :mod:`posenc.lab.train` has no option to compile the model.
 
 Usage::
 
@@ -61,10 +61,10 @@ from pathlib import Path
 
 import torch
 
-from posenc.experiments.distributed import device_for
-from posenc.experiments.extrapolation_config import PRESETS, ExtrapolationStudy
-from posenc.experiments.options import add_options, from_args
-from posenc.experiments.records import cpu_name
+from posenc.lab.experiments.distributed import device_for
+from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy
+from posenc.lab.experiments.options import add_options, from_args
+from posenc.lab.experiments.records import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMULA = ("cells per device-minute = 60 * sum over processes of steps_per_s / steps_per_cell; steps_per_cell = "
@@ -74,7 +74,7 @@ FORMULA = ("cells per device-minute = 60 * sum over processes of steps_per_s / s
 
 def steps_per_cell(study: ExtrapolationStudy, method: str, task: str) -> int:
     """Optimiser steps of one cell: its task's training steps, plus the fine-tunes of a RoPE model."""
-    from posenc.experiments.extrapolation import build_position
+    from posenc.lab.experiments.extrapolation import build_position
     from posenc.rope import RotaryEmbedding
 
     steps = study.lm_steps if task == "lm" else study.passkey_steps
@@ -87,9 +87,9 @@ def worker(index: int, P: int, args: dict, barrier, results) -> None:
     """One process: build its cell's model, warm up, wait for the others, train for the budget, report."""
     try:
         torch.set_num_threads(max(1, args["cores"] // P))
-        from posenc.data import load_stdlib_corpus, passkey_retrieval
-        from posenc.experiments.extrapolation import build_model
-        from posenc.train import TrainConfig, train, train_task
+        from posenc.lab.data import load_stdlib_corpus, passkey_retrieval
+        from posenc.lab.experiments.extrapolation import build_model
+        from posenc.lab.train import TrainConfig, train, train_task
 
         study: ExtrapolationStudy = args["study"]
         method, task = args["cells"][index % len(args["cells"])]
@@ -216,7 +216,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="timed wall time per P (after the warm-up)")
     p.add_argument("--steps", type=int, help="time this many steps per process instead of --seconds")
     p.add_argument("--untimed-steps", type=int, default=10, help="untimed steps before the barrier")
-    p.add_argument("--chunk", type=int, default=10, help="steps per call of posenc.train (the budget's granularity)")
+    p.add_argument("--chunk", type=int, default=10, help="steps per call of posenc.lab.train (the budget's granularity)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="CPU cores shared by the P processes")
     p.add_argument("--barrier-timeout", type=float, default=600.0, help="seconds to wait for the slowest start")
     p.add_argument("--json", help="also write the rows and the provenance to this file")
@@ -282,7 +282,7 @@ def main() -> None:
                "preset": args.preset, "study": dataclasses.asdict(study),
                "cells": cells, "budget": {"seconds": config["seconds"], "steps": args.steps,
                                           "untimed_steps": args.untimed_steps, "chunk": args.chunk},
-               "formula": FORMULA, "compile": "not measured: posenc.train has no option to compile the model",
+               "formula": FORMULA, "compile": "not measured: posenc.lab.train has no option to compile the model",
                "table": "\n".join(lines), "rows": rows}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

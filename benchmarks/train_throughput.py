@@ -1,7 +1,7 @@
 """Training throughput of the tiny LM at the size of the book's CPU studies: optimiser steps per second.
 
-The studies train :class:`posenc.lm.TinyLM` (width 64, 2 layers, 4 heads, windows of 128 bytes,
-batches of 16) with :func:`posenc.train.train`, one process per core and one thread each. This
+The studies train :class:`posenc.lab.lm.TinyLM` (width 64, 2 layers, 4 heads, windows of 128 bytes,
+batches of 16) with :func:`posenc.lab.train.train`, one process per core and one thread each. This
 script times ``train`` for several position methods in the variants a study could use:
 
 * ``foreach``: AdamW's default multi-tensor implementation (the stored studies so far);
@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from posenc import LMConfig, TinyLM
-from posenc.data import load_stdlib_corpus
-from posenc.experiments.records import cpu_name
-from posenc.train import TrainConfig, train
+from posenc.lab import LMConfig, TinyLM
+from posenc.lab.data import load_stdlib_corpus
+from posenc.lab.experiments.records import cpu_name
+from posenc.lab.train import TrainConfig, train
 
 VARIANTS = ("foreach", "fused", "fused + compiled")
 

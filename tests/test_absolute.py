@@ -22,7 +22,7 @@ from posenc.absolute import (
     sinusoidal_table,
     spectral_penalty,
 )
-from posenc.lm import LMConfig, TinyLM
+from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import build_method
 
 F64 = dict(atol=1e-12, rtol=1e-12)

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from posenc import METHODS, LMConfig, TinyLM
+from posenc import METHODS
+from posenc.lab import LMConfig, TinyLM
 from posenc.alibi import (ALiBi, alibi_bias, alibi_slopes, attention_reach, effective_slopes,
                           positions_from_padding_mask, uniform_attention)
 from posenc.attention import attention

@@ -1,4 +1,4 @@
-"""Tests of posenc.analysis: singular values, ranks, best rank-k approximation, Gram, covariance, condition,
+"""Tests of posenc.lab.analysis: singular values, ranks, best rank-k approximation, Gram, covariance, condition,
 and the interference of an added table with token embeddings (complement projector, token read-out)."""
 
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.analysis import (
+from posenc.lab.analysis import (
     best_rank_k,
     complement_projector,
     condition_number,

@@ -529,7 +529,7 @@ def test_self_attention_takes_attention_mask():
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5"])
 def test_positions_per_row_give_each_row_its_own_positions(name):
     # a left-padded row starts its positions after the padding: one (B, T) tensor instead of a loop
-    from posenc import LMConfig, TinyLM
+    from posenc.lab import LMConfig, TinyLM
 
     torch.manual_seed(0)
     model = TinyLM(LMConfig(vocab_size=20, d_model=32, n_head=2, n_layer=1, max_len=64), name).double()

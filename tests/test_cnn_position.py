@@ -1,9 +1,9 @@
-"""Tests of posenc.cnn_position: how much absolute position a 1-D CNN reads off a content-free input."""
+"""Tests of posenc.lab.cnn_position: how much absolute position a 1-D CNN reads off a content-free input."""
 
 import pytest
 import torch
 
-from posenc.cnn_position import (
+from posenc.lab.cnn_position import (
     PositionProbeCNN,
     constant_input_mse_floor,
     position_targets,

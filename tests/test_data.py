@@ -1,4 +1,4 @@
-"""Tests of posenc.data: the byte corpus, the batch samplers and the synthetic tasks."""
+"""Tests of posenc.lab.data: the byte corpus, the batch samplers and the synthetic tasks."""
 
 import dataclasses
 import hashlib
@@ -6,7 +6,7 @@ import hashlib
 import pytest
 import torch
 
-from posenc.data import (
+from posenc.lab.data import (
     Corpus,
     Task,
     associative_recall,

@@ -1,12 +1,13 @@
-"""Tests of posenc.diagnostics: attention entropy, attention by distance, captured queries and keys, scores by distance."""
+"""Tests of posenc.lab.diagnostics: attention entropy, attention by distance, captured queries and keys, scores by distance."""
 
 import math
 
 import pytest
 import torch
 
-from posenc import LMConfig, TinyLM, attention
-from posenc.diagnostics import attention_by_distance, attention_entropy, capture_qk, score_by_distance
+from posenc import attention
+from posenc.lab import LMConfig, TinyLM
+from posenc.lab.diagnostics import attention_by_distance, attention_entropy, capture_qk, score_by_distance
 
 
 def causal_weights(B, H, T, S, device="cpu", seed=0):

@@ -1,11 +1,11 @@
-"""Tests of posenc.digits: digit vectors, the three strategies, the toy learner."""
+"""Tests of posenc.lab.digits: digit vectors, the three strategies, the toy learner."""
 
 import math
 
 import pytest
 import torch
 
-from posenc.digits import (STRATEGIES, TASKS, DigitPairNet, converted_base, digit_accuracy, digit_pairs, represent,
+from posenc.lab.digits import (STRATEGIES, TASKS, DigitPairNet, converted_base, digit_accuracy, digit_pairs, represent,
                            to_digits, train_digit_learner)
 
 

@@ -1,4 +1,4 @@
-"""posenc.experiments.distributed: dealing cells to ranks, data-parallel batches, processes dealt to GPUs
+"""posenc.lab.experiments.distributed: dealing cells to ranks, data-parallel batches, processes dealt to GPUs
 (several on one GPU: gloo, no DDP), and two CPU processes under torchrun giving the records of one process
 (a sharded grid) and the loss of one process (DDP)."""
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.experiments import distributed
-from posenc.experiments.distributed import DistContext, WorkQueue
-from posenc.experiments.extrapolation import record_key
-from posenc.lm import LMConfig, TinyLM
-from posenc.train import TrainConfig, batch_rows, train
+from posenc.lab.experiments import distributed
+from posenc.lab.experiments.distributed import DistContext, WorkQueue
+from posenc.lab.experiments.extrapolation import record_key
+from posenc.lab.lm import LMConfig, TinyLM
+from posenc.lab.train import TrainConfig, batch_rows, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +106,7 @@ SHARED_GPU_SCRIPT = """
 import json, pathlib, sys, torch
 torch.cuda.device_count = lambda: 1
 torch.cuda.set_device = lambda device: None
-from posenc.experiments import distributed
+from posenc.lab.experiments import distributed
 ctx = distributed.init("cuda")
 name = distributed.new_name(ctx)
 torch.distributed.barrier()
@@ -142,7 +142,7 @@ def run(args: list[str], nproc: int = 0) -> None:
     """
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, *launcher, "-m", "posenc.experiments.extrapolation", *args],
+    result = subprocess.run([sys.executable, *launcher, "-m", "posenc.lab.experiments.extrapolation", *args],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 

@@ -1,4 +1,4 @@
-"""posenc.experiments.compare: cells, stored studies (resume, shards, provenance), summaries."""
+"""posenc.lab.experiments.compare: cells, stored studies (resume, shards, provenance), summaries."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import shlex
 import pytest
 import torch
 
-from posenc.experiments.compare import STUDIES, Arm, Study, load_records, run_cell, run_study, summarize
-from posenc.experiments.compare import main
-from posenc.lm import LMConfig
-from posenc.train import TrainConfig
+from posenc.lab.experiments.compare import STUDIES, Arm, Study, load_records, run_cell, run_study, summarize
+from posenc.lab.experiments.compare import main
+from posenc.lab.lm import LMConfig
+from posenc.lab.train import TrainConfig
 
 
 def tiny_study(**kw) -> Study:
@@ -115,8 +115,8 @@ def test_the_command_line_writes_the_study(tmp_path, monkeypatch, capsys):
     main(["tiny", "--arms", "rope", "--seeds", "3", "--settings", "copy", "--out", str(out)])
     data = json.loads(out.read_text())
     assert [(r["arm"], r["seed"], r["setting"]) for r in data["records"]] == [("rope", 3, "copy")]
-    assert data["meta"]["command"] == "python -m posenc.experiments.compare tiny"        # rebuilds the whole study
-    assert data["records"][0]["command"] == ("python -m posenc.experiments.compare tiny --arms rope --seeds 3 "
+    assert data["meta"]["command"] == "python -m posenc.lab.experiments.compare tiny"        # rebuilds the whole study
+    assert data["records"][0]["command"] == ("python -m posenc.lab.experiments.compare tiny --arms rope --seeds 3 "
                                              f"--settings copy --out {shlex.quote(str(out))}")
     torch.set_num_threads(torch.get_num_threads())
 
@@ -137,7 +137,9 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from(name):
     cells = [(r["arm"], r["seed"], r["setting"]) for r in data["records"]]
     expected = set(study.cells())
     assert len(cells) == len(set(cells)) and set(cells) == expected
-    assert data["meta"]["command"] == f"python -m posenc.experiments.compare {name}"
+    # studies stored before the lab split (0.2.0) were made by posenc.experiments.compare, the same code then
+    assert data["meta"]["command"] in (f"python -m posenc.lab.experiments.compare {name}",
+                                       f"python -m posenc.experiments.compare {name}")
     steps = {"lm": study.lm.steps, "copy": study.copy.steps, "copy-long": getattr(study.copy_long, "steps", None)}
     for r in data["records"]:
         assert r["commit"] and r["torch"] and r["machine"] and r["seconds"] > 0
@@ -155,7 +157,7 @@ def tiny_protocol_study(**kw) -> Study:
 
 
 def test_the_knob_is_the_position_step_size_or_the_code_scale_or_nothing():
-    from posenc.experiments.compare import arm_grid, arm_knob
+    from posenc.lab.experiments.compare import arm_grid, arm_knob
 
     study = tiny_protocol_study()
     assert [arm_knob(study, a) for a in ("nope", "learned", "sinusoidal")] == [None, "position_lr", "code_scale"]
@@ -184,7 +186,7 @@ def test_a_protocol_cell_applies_its_multiplier_and_records_curve_and_items():
 
 
 def test_a_protocol_study_tunes_on_its_own_seed_then_runs_every_seed_at_the_choice_and_at_1(tmp_path):
-    from posenc.experiments.compare import TIE, chosen_mult, select
+    from posenc.lab.experiments.compare import TIE, chosen_mult, select
 
     study, out = tiny_protocol_study(), tmp_path / "p.json"
     logs = []
@@ -210,7 +212,7 @@ def test_a_protocol_study_tunes_on_its_own_seed_then_runs_every_seed_at_the_choi
 
 
 def test_a_shard_waits_for_the_other_shards_tuning_runs(tmp_path, monkeypatch):
-    import posenc.experiments.compare as compare
+    import posenc.lab.experiments.compare as compare
 
     study, out = tiny_protocol_study(), tmp_path / "p.json"
     study = dataclasses.replace(study, arms=tuple(dataclasses.replace(a, extend=False) for a in study.arms))
@@ -230,7 +232,7 @@ def test_a_shard_waits_for_the_other_shards_tuning_runs(tmp_path, monkeypatch):
 
 
 def test_protocol_studies_are_the_legacy_arms_at_the_protocols_budgets():
-    from posenc.experiments.compare import PROTOCOL_LM_STEPS, PROTOCOL_STUDIES, arm_grid
+    from posenc.lab.experiments.compare import PROTOCOL_LM_STEPS, PROTOCOL_STUDIES, arm_grid
 
     for name, study in PROTOCOL_STUDIES.items():
         assert study.protocol and study.lm.steps == PROTOCOL_LM_STEPS and study.copy_long is None
@@ -256,7 +258,7 @@ def test_a_live_check_reproduces_a_stored_curve_point_from_the_first_steps():
 
 
 def test_ties_go_to_1_and_a_choice_at_an_end_of_the_grid_is_tried_one_step_further():
-    from posenc.experiments.compare import TIE, chosen_mult, grid_extension, pending_extension
+    from posenc.lab.experiments.compare import TIE, chosen_mult, grid_extension, pending_extension
 
     study = tiny_protocol_study(grid=(0.3, 1.0, 3.0, 10.0))
     rec = lambda arm, m, v: {"arm": arm, "setting": "lm", "seed": study.tuning_seed, "mult": m, "tune_val_loss": v}  # noqa: E731
@@ -278,7 +280,7 @@ def test_ties_go_to_1_and_a_choice_at_an_end_of_the_grid_is_tried_one_step_furth
 
 
 def test_run_study_runs_the_extension_before_the_reported_seeds(tmp_path, monkeypatch):
-    import posenc.experiments.compare as compare
+    import posenc.lab.experiments.compare as compare
 
     study, out = tiny_protocol_study(grid=(1.0, 10.0)), tmp_path / "e.json"
     real = compare.run_cell
@@ -299,7 +301,7 @@ def test_run_study_runs_the_extension_before_the_reported_seeds(tmp_path, monkey
 def test_two_shards_share_the_extensions_of_the_grid_and_both_finish(tmp_path):
     import threading
 
-    from posenc.experiments.compare import select
+    from posenc.lab.experiments.compare import select
 
     study, out = tiny_protocol_study(), tmp_path / "s.json"  # grid (1, 10): every choice is at an end
     errors = []

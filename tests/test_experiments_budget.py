@@ -1,11 +1,11 @@
-"""posenc.experiments.budget: one run per (method, seed, budget) with its curve; the stored study resumes."""
+"""posenc.lab.experiments.budget: one run per (method, seed, budget) with its curve; the stored study resumes."""
 
 import dataclasses
 
-from posenc.experiments.budget import BudgetStudy, main, run_cell, run_study
-from posenc.experiments.records import load_records
-from posenc.lm import LMConfig
-from posenc.train import TrainConfig
+from posenc.lab.experiments.budget import BudgetStudy, main, run_cell, run_study
+from posenc.lab.experiments.records import load_records
+from posenc.lab.lm import LMConfig
+from posenc.lab.train import TrainConfig
 
 
 def tiny(**kw) -> BudgetStudy:
@@ -35,8 +35,8 @@ def test_the_study_stores_each_run_once_and_resumes(tmp_path):
 
 
 def test_the_command_line(tmp_path, monkeypatch):
-    import posenc.experiments.budget as budget
+    import posenc.lab.experiments.budget as budget
 
     monkeypatch.setattr(budget, "STUDY", dataclasses.replace(tiny(), budgets=(4,)))
     main(["--methods", "nope", "--budgets", "4", "--out", str(tmp_path / "c.json")])
-    assert load_records(tmp_path / "c.json")["records"][0]["command"].startswith("python -m posenc.experiments.budget")
+    assert load_records(tmp_path / "c.json")["records"][0]["command"].startswith("python -m posenc.lab.experiments.budget")

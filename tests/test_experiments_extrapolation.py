@@ -1,5 +1,5 @@
-"""posenc.experiments.extrapolation (the length-extrapolation study), with its helpers
-posenc.experiments.variants (RoPE scalings and log-n on a trained model), .options (the command line
+"""posenc.lab.experiments.extrapolation (the length-extrapolation study), with its helpers
+posenc.lab.experiments.variants (RoPE scalings and log-n on a trained model), .options (the command line
 from the config dataclass), .records (stored JSON) and .extrapolation_plots (figures)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import shlex
 import pytest
 import torch
 
-from posenc.experiments import extrapolation as ex
-from posenc.experiments.extrapolation import ExtrapolationStudy, build_model, cell_cost, run_cell, run_study
-from posenc.experiments.options import command_for
-from posenc.experiments.records import load_records
-from posenc.experiments.variants import SCALINGS, rope_variant, scaling_config, variant
-from posenc.lm import TinyLM
+from posenc.lab.experiments import extrapolation as ex
+from posenc.lab.experiments.extrapolation import ExtrapolationStudy, build_model, cell_cost, run_cell, run_study
+from posenc.lab.experiments.options import command_for
+from posenc.lab.experiments.records import load_records
+from posenc.lab.experiments.variants import SCALINGS, rope_variant, scaling_config, variant
+from posenc.lab.lm import TinyLM
 from posenc.method import METHODS
 from posenc.rope import rope_cos_sin, yarn_mscale
 
@@ -71,15 +71,15 @@ def test_a_cell_is_seeded_and_repeatable():
     assert run_cell(study, "learned", 1, "lm")[1]["loss"] != a[1]["loss"]
     records, model = run_cell(study, "learned", 0, "lm", return_model=True)  # the trained model, for inspection
     assert strip(records) == strip(a) and isinstance(model, TinyLM) and not model.training
-    from posenc.train import evaluate
-    from posenc.data import load_stdlib_corpus
+    from posenc.lab.train import evaluate
+    from posenc.lab.data import load_stdlib_corpus
     again = evaluate(model, load_stdlib_corpus().val, 80, num_windows=2, batch_size=2).loss
     assert abs(again - a[1]["loss"]) < 1e-6
 
 
 def test_records_of_a_study_with_their_provenance(tmp_path):
     study, out = tiny(), tmp_path / "x.json"
-    data = run_study(study, out, command="python -m posenc.experiments.extrapolation --x", progress=False)
+    data = run_study(study, out, command="python -m posenc.lab.experiments.extrapolation --x", progress=False)
     records = data["records"]
     assert len(by_key(records)) == len(records)                                   # one record per key
     train = [r for r in records if r["kind"] == "train"]
@@ -88,7 +88,7 @@ def test_records_of_a_study_with_their_provenance(tmp_path):
         + [("rope", t, f) for t in ("lm", "passkey") for f in ("default", "linear", "yarn")])
     for r in records:
         assert {"commit", "dirty", "torch", "machine", "device", "threads", "finished"} <= r.keys()
-        assert r["command"] == "python -m posenc.experiments.extrapolation --x" and r["trained_length"] == 80
+        assert r["command"] == "python -m posenc.lab.experiments.extrapolation --x" and r["trained_length"] == 80
     learned = next(r for r in train if r["method"] == "learned" and r["task"] == "lm")
     assert learned["position_covers"] == 160 and learned["untrained_table_rows"] == 80  # rows past L never trained
     assert next(r for r in train if r["method"] == "t5")["untrained_table_rows"] == 0
@@ -255,7 +255,7 @@ def test_the_command_line_writes_the_study_and_its_figures(tmp_path):
 def test_the_figures_draw_chosen_panels_and_a_live_overlay_and_refuse_unknown_labels():
     """The figure functions the chapter draws with: chosen panels and labels, the live run's points
     on top of the stored means, and a clear error for a label with no records."""
-    from posenc.experiments.extrapolation_plots import length_sweep_figure, loss_vs_position_figure, passkey_grid_figure
+    from posenc.lab.experiments.extrapolation_plots import length_sweep_figure, loss_vs_position_figure, passkey_grid_figure
 
     def rec(method, seed, n, task="lm", value=1.0, depth=None, scaling="none"):
         score = {"loss": value, "loss_per_position": [value] * n} if task == "lm" else {"exact_match": value}
@@ -292,7 +292,7 @@ def test_the_figures_draw_chosen_panels_and_a_live_overlay_and_refuse_unknown_la
 
 
 def test_summaries_for_the_figures_reduce_over_seeds_and_fill_identity_variants_at_L():
-    from posenc.experiments.extrapolation_plots import identity_at_training_length, per_seed, summarize, variant_label
+    from posenc.lab.experiments.extrapolation_plots import identity_at_training_length, per_seed, summarize, variant_label
 
     def rec(seed, loss, n=8, logn=False):
         return {"kind": "eval", "task": "lm", "method": "rope", "seed": seed, "logn": logn, "scaling": "none",
@@ -327,7 +327,9 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from():
     path = Path(__file__).resolve().parents[1] / "book" / "results" / "extrapolation.json"
     data = load_records(path)
     study = ExtrapolationStudy()
-    assert data["meta"]["command"] == "python -m posenc.experiments.extrapolation"
+    # stored before the lab split (0.2.0), when the module was posenc.experiments.extrapolation
+    assert data["meta"]["command"] in ("python -m posenc.lab.experiments.extrapolation",
+                                       "python -m posenc.experiments.extrapolation")
     resolved = dataclasses.replace(study, methods=study.method_names)   # the default () means every method
     assert json.loads(json.dumps(data["meta"]["config"])) == json.loads(json.dumps(dataclasses.asdict(resolved)))
     records = data["records"]
@@ -348,7 +350,7 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from():
 
 def test_every_option_of_the_study_has_its_field_comment_as_help():
     """The command line's help comes from each field's ``#:`` comment, at the end of its line or on the line above."""
-    from posenc.experiments.options import field_comments
+    from posenc.lab.experiments.options import field_comments
 
     comments = field_comments(ExtrapolationStudy)
     assert set(comments) == {f.name for f in dataclasses.fields(ExtrapolationStudy)}

@@ -1,4 +1,4 @@
-"""Tests of posenc.experiments.stats: the t distribution against tables and SymPy, the intervals'
+"""Tests of posenc.lab.experiments.stats: the t distribution against tables and SymPy, the intervals'
 formulas and coverage, Welch's and the paired difference, and the rules the protocol states."""
 
 import math
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from posenc.experiments.stats import (
+from posenc.lab.experiments.stats import (
     bootstrap_interval,
     describe,
     difference,
@@ -129,7 +129,7 @@ def test_bad_input_is_named(call, match):
 
 
 def test_separated_uses_the_two_look_level():
-    from posenc.experiments.stats import SEPARATION_LEVEL, separated
+    from posenc.lab.experiments.stats import SEPARATION_LEVEL, separated
 
     a, b = [1.0, 1.1, 1.2], [1.32, 1.42, 1.52]
     assert separated(a, b) == difference(a, b, SEPARATION_LEVEL).separated
@@ -137,7 +137,7 @@ def test_separated_uses_the_two_look_level():
 
 
 def test_looking_twice_at_the_separation_level_keeps_the_false_positive_rate_under_5_percent():
-    from posenc.experiments.stats import separated
+    from posenc.lab.experiments.stats import separated
 
     rng = random.Random(3)
     fp, trials = 0, 4000
@@ -148,7 +148,7 @@ def test_looking_twice_at_the_separation_level_keeps_the_false_positive_rate_und
 
 
 def test_wilson_interval_by_hand_and_at_the_ends():
-    from posenc.experiments.stats import wilson_interval
+    from posenc.lab.experiments.stats import wilson_interval
 
     iv = wilson_interval(512, 512)
     assert iv.mean == 1.0 and iv.high == pytest.approx(1.0) and 0.99 < iv.low < 1.0  # open at 1

@@ -1,4 +1,4 @@
-"""posenc.experiments.tables: what training writes into a position table, measured per seed."""
+"""posenc.lab.experiments.tables: what training writes into a position table, measured per seed."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from posenc.absolute import LearnedPE, SinusoidalPE, sinusoidal_table
-from posenc.data import load_stdlib_corpus
-from posenc.experiments.compare import STUDIES, run_cell
-from posenc.experiments.tables import context_control, finetune_new_rows, position_table, table_stats
-from posenc.lm import LMConfig, TinyLM
-from posenc.train import TrainConfig
+from posenc.lab.data import load_stdlib_corpus
+from posenc.lab.experiments.compare import STUDIES, run_cell
+from posenc.lab.experiments.tables import context_control, finetune_new_rows, position_table, table_stats
+from posenc.lab.lm import LMConfig, TinyLM
+from posenc.lab.train import TrainConfig
 
 TINY = LMConfig(d_model=16, n_layer=1, n_head=2, max_len=32)
 
@@ -60,8 +60,8 @@ def test_context_control_is_blind_to_positions_without_an_encoding():
     assert torch.equal(learned.position.weight, table)                # the interpolated reading restores the table
     # the interpolated reading is the model with rows 0..15 interpolated to 32, on the second halves of the long windows
     from posenc.absolute import interpolate_table
-    from posenc.data import eval_windows
-    from posenc.lm import next_token_loss
+    from posenc.lab.data import eval_windows
+    from posenc.lab.lm import next_token_loss
 
     x, y = eval_windows(corpus.val, 32, 4)
     with torch.no_grad():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from posenc import METHODS, LMConfig, TinyLM
+from posenc import METHODS
+from posenc.lab import LMConfig, TinyLM
 from posenc.kv_cache import KVCache, cache_for
 from posenc.rope import apply_rope
 

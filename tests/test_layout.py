@@ -86,3 +86,21 @@ def test_requirements_pin_torch_and_keep_runtime_dependencies_as_ranges():
 
 def test_ci_runs_make_test():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_core_imports_nothing_of_the_lab():
+    # posenc's top level (position methods, attention, KV cache, config reading, transformers interop)
+    # is what an engineer imports; posenc.lab (the tiny LM, training, data, studies, book helpers) sits on it
+    import ast
+
+    core = [p for p in (ROOT / "code" / "posenc").rglob("*.py") if "lab" not in p.relative_to(ROOT / "code").parts]
+    assert len(core) > 15
+    for path in core:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "posenc.lab" or n.startswith("posenc.lab.") for n in names), (path, names)
+    out = subprocess.run([sys.executable, "-c", "import sys, posenc, posenc.hf, posenc.rope, posenc.relative, "
+                          "posenc.kv_cache; print(sorted(m for m in sys.modules if m.startswith('posenc.lab')))"],
+                         cwd="/", capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

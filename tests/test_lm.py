@@ -1,10 +1,10 @@
-"""Tests of posenc.lm: the tiny LM, its configuration, and the next-token loss."""
+"""Tests of posenc.lab.lm: the tiny LM, its configuration, and the next-token loss."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.lm import LMConfig, TinyLM, next_token_loss
+from posenc.lab.lm import LMConfig, TinyLM, next_token_loss
 from posenc.method import NoPE, PositionMethod
 from posenc.naive import BinaryPE
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.lm import LMConfig, TinyLM
+from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import METHODS, NoPE, PositionMethod, build_method, check_positions, register_method
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.lm import LMConfig, TinyLM
+from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod, build_method
 from posenc.naive import (
     DIRECTIONS,

@@ -1,4 +1,4 @@
-"""Tests of posenc.notebook: glue with and without MyST-NB, the claims table, and time_ms."""
+"""Tests of posenc.lab.notebook: glue with and without MyST-NB, the claims table, and time_ms."""
 
 import builtins
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc.notebook import claims_table, glue, time_ms
+from posenc.lab.notebook import claims_table, glue, time_ms
 
 LEDGER = Path(__file__).resolve().parents[1] / "book" / "claims.yml"
 
@@ -79,13 +79,13 @@ def test_time_ms_runs_warmup_plus_repeats_and_returns_the_median():
 
 
 def _summary(values):
-    from posenc.experiments.compare import summarize
+    from posenc.lab.experiments.compare import summarize
     return summarize([{"arm": arm, "setting": "lm", "val_loss": v} for arm, vs in values.items() for v in vs],
                      "val_loss", "lm")
 
 
 def test_separated_only_when_no_seed_overlaps():
-    from posenc.notebook import separated
+    from posenc.lab.notebook import separated
     s = _summary({"a": [1.0, 1.1, 1.2], "b": [1.3, 1.4, 1.5], "c": [1.15, 1.6, 1.7]})
     assert separated(s["a"], s["b"]) and separated(s["b"], s["a"])
     assert not separated(s["a"], s["c"]) and not separated(s["b"], s["c"])
@@ -95,7 +95,7 @@ def test_study_table_and_plot_seeds():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from posenc.notebook import plot_seeds, study_table
+    from posenc.lab.notebook import plot_seeds, study_table
     s = _summary({"a": [1.0, 2.0, 3.0], "b": [4.0, 4.0, 4.0]})
     table = study_table({"loss": s}, ["b", "a", "missing"], digits={"loss": 1}, extra={"x": {"a": "7"}}).data
     assert "| b | 4.0 ± 0.0 [4.0, 4.0] | – |" in table and "| a | 2.0 ± 1.0 [1.0, 3.0] | 7 |" in table and "| missing | – | – |" in table
@@ -108,17 +108,17 @@ def test_study_table_and_plot_seeds():
 
 def test_stored_study_reads_the_file_or_says_how_to_make_it(tmp_path):
     import json
-    from posenc.notebook import stored_study
+    from posenc.lab.notebook import stored_study
     (tmp_path / "book" / "results").mkdir(parents=True)
     (tmp_path / "book" / "results" / "x.json").write_text(json.dumps({"meta": {}, "records": []}))
     assert stored_study("x", root=str(tmp_path)) == {"meta": {}, "records": []}
-    with pytest.raises(FileNotFoundError, match="python -m posenc.experiments.compare y"):
+    with pytest.raises(FileNotFoundError, match="python -m posenc.lab.experiments.compare y"):
         stored_study("y", root=str(tmp_path))
 
 
 def test_protocol_summary_table_and_separation():
-    from posenc.experiments.compare import Arm, Study
-    from posenc.notebook import protocol_separated, protocol_summary, protocol_table
+    from posenc.lab.experiments.compare import Arm, Study
+    from posenc.lab.notebook import protocol_separated, protocol_summary, protocol_table
 
     study = Study("t", (Arm("a", "nope"), Arm("b", "learned")), seeds=(0, 1, 2), protocol=True, tuning_seed=9,
                   grid=(1.0, 10.0))
@@ -144,8 +144,8 @@ def test_plot_intervals_and_curves_draw_every_arm():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from posenc.experiments.compare import Arm, Study
-    from posenc.notebook import plot_curves, plot_intervals, protocol_summary
+    from posenc.lab.experiments.compare import Arm, Study
+    from posenc.lab.notebook import plot_curves, plot_intervals, protocol_summary
 
     study = Study("t", (Arm("a", "nope"), Arm("b", "learned")), seeds=(0, 1, 2), protocol=True, tuning_seed=9,
                   grid=(1.0, 10.0))

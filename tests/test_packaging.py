@@ -97,6 +97,7 @@ def test_wheel_contains_every_module_of_the_source_tree(dist):
     expected = {str(p.relative_to(SOURCE.parent)) for p in SOURCE.rglob("*.py")}
     assert expected <= set(names), f"missing from the wheel: {sorted(expected - set(names))}"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "posenc/py.typed" in names  # type checkers read the package's annotations
 
 
 def test_sdist_contains_the_tests_the_license_and_the_package(dist):
@@ -146,7 +147,7 @@ def test_installed_wheel_runs_a_tiny_model_with_rope_alibi_and_t5_bias(installed
         installed,
         """
         import torch
-        from posenc import LMConfig, TinyLM
+        from posenc.lab import LMConfig, TinyLM
 
         torch.manual_seed(0)
         cfg = LMConfig(vocab_size=256, d_model=32, n_layer=2, n_head=4, max_len=32)

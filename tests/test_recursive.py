@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from posenc.absolute import SinusoidalPE, offset_matrix, sinusoidal_table
-from posenc.lm import LMConfig, TinyLM
+from posenc.lab.lm import LMConfig, TinyLM
 from posenc.recursive import MultiplicativePE, RecurrentPE, recurrent_codes, sinusoidal_generator
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from posenc import LMConfig, TinyLM
+from posenc.lab import LMConfig, TinyLM
 from posenc.attention import materialize_bias
 from posenc.relative import RelativeScalarBias, four_terms, relative_positions, relative_shift
 

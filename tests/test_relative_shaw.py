@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posenc import LMConfig, TinyLM
+from posenc.lab import LMConfig, TinyLM
 from posenc.attention import attention, materialize_bias
 from posenc.relative import ShawRelativePE, relative_positions, shaw_key_bias, shaw_relative_ids, shaw_value_term
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from posenc import LMConfig, TinyLM
+from posenc.lab import LMConfig, TinyLM
 from posenc.rope import (
     FP64_ANGLES_FROM,
     ROPE_SCALINGS,

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from posenc import LMConfig, TinyLM
+from posenc.lab import LMConfig, TinyLM
 from posenc.kv_cache import KVCache, cache_for
 from posenc.rope import (
     LENGTH_DEPENDENT,

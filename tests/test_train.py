@@ -1,4 +1,4 @@
-"""Tests of posenc.train: the learning-rate schedule, the training loop and the evaluation."""
+"""Tests of posenc.lab.train: the learning-rate schedule, the training loop and the evaluation."""
 
 import math
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from posenc.data import eval_windows
-from posenc.lm import LMConfig, TinyLM, next_token_loss
+from posenc.lab.data import eval_windows
+from posenc.lab.lm import LMConfig, TinyLM, next_token_loss
 from posenc.naive import BinaryPE
-from posenc.train import EvalResult, TrainConfig, TrainResult, evaluate, evaluate_lengths, lr_at, train
+from posenc.lab.train import EvalResult, TrainConfig, TrainResult, evaluate, evaluate_lengths, lr_at, train
 
 TINY = dict(d_model=32, n_layer=1, n_head=2, max_len=32)
 
@@ -357,12 +357,12 @@ class _CopyOracle(torch.nn.Module):
 
 
 def _copy(length):
-    from posenc.data import copy_task
+    from posenc.lab.data import copy_task
     return lambda batch_size, generator: copy_task(batch_size, length, generator)
 
 
 def test_task_accuracy_of_an_oracle_and_of_a_blind_model():
-    from posenc.train import task_accuracy
+    from posenc.lab.train import task_accuracy
     acc = task_accuracy(_CopyOracle(6), _copy(6), num_examples=40, batch_size=16)
     assert acc.token_accuracy == 1.0 and acc.exact_match == 1.0 and acc.answer_loss < 1e-6
     blind = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=12), "nope")
@@ -371,7 +371,7 @@ def test_task_accuracy_of_an_oracle_and_of_a_blind_model():
 
 
 def test_train_task_scores_only_the_answer_and_learns_to_copy():
-    from posenc.train import task_accuracy, train_task
+    from posenc.lab.train import task_accuracy, train_task
     model = TinyLM(LMConfig(d_model=32, n_layer=2, n_head=2, max_len=8), "rope")
     result = train_task(model, _copy(4), TrainConfig(steps=200, batch_size=32, warmup_steps=10, progress=False))
     # the first loss is the answer tokens' cross-entropy at initialisation: about ln(256), not the mean over all bytes
@@ -380,17 +380,17 @@ def test_train_task_scores_only_the_answer_and_learns_to_copy():
 
 
 def test_train_task_bad_inputs():
-    from posenc.train import train_task
+    from posenc.lab.train import train_task
     model = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=8), "nope")
     cfg = TrainConfig(steps=1, batch_size=2, warmup_steps=0, progress=False)
     with pytest.raises(TypeError, match="task must be a callable"):
         train_task(model, "copy", cfg)
-    with pytest.raises(TypeError, match="must return a posenc.data.Task"):
+    with pytest.raises(TypeError, match="must return a posenc.lab.data.Task"):
         train_task(model, lambda b, g: torch.zeros(b, 8), cfg)
     with pytest.raises(ValueError, match="the task's sequence length=10 exceeds the model's max_len=8"):
         train_task(model, _copy(5), cfg)
     with pytest.raises(ValueError, match="num_examples must be a positive int"):
-        from posenc.train import task_accuracy
+        from posenc.lab.train import task_accuracy
         task_accuracy(model, _copy(2), num_examples=0)
     with pytest.raises(TypeError, match="data must be a 1-D tensor"):
         train(model, torch.zeros(4, 4, dtype=torch.long), cfg)
@@ -401,8 +401,8 @@ def test_each_process_of_a_sharded_step_takes_its_rows_and_their_mean_loss_is_th
     """shard=(rank, world_size): the first step's loss (before any update) of each of 4 processes,
     averaged, is the one-process loss of the whole batch, also when rows score different numbers of
     tokens; DistributedDataParallel averages the gradients the same way (tests/test_distributed.py)."""
-    from posenc.data import Task
-    from posenc.train import train_task
+    from posenc.lab.data import Task
+    from posenc.lab.train import train_task
 
     def uneven(batch_size, generator):  # row i scores i + 1 tokens
         x = torch.randint(0, 256, (batch_size, 9), generator=generator)
@@ -453,7 +453,7 @@ def test_curve_arguments_are_checked(kwargs, match):
 def test_position_parameters_move_at_their_own_step_size():
     # Adam moves a parameter about one learning rate per step whatever its gradient's scale; the
     # multiplier scales the position method's learning rate and no other
-    from posenc.train import param_groups
+    from posenc.lab.train import param_groups
 
     data = random_bytes()
     base, fast = tiny_lm("learned"), tiny_lm("learned")
@@ -500,7 +500,7 @@ def test_per_window_losses_average_to_the_loss():
 
 
 def test_task_accuracy_records_each_rows_exact_match():
-    from posenc.train import task_accuracy
+    from posenc.lab.train import task_accuracy
 
     acc = task_accuracy(_CopyOracle(6), _copy(6), num_examples=40, batch_size=16)
     assert acc.row_exact == (1,) * 40

@@ -25,22 +25,27 @@ Where position enters a model (see :mod:`posenc.method`):
 1. added to (or multiplied into) the token embeddings, before the first layer;
 2. a transform of queries and keys inside every attention layer;
 3. a bias on the attention logits inside every attention layer.
+
+Two floors. This package's top level is what an engineer imports next to a checkpoint: the position
+methods (:mod:`posenc.absolute`, :mod:`posenc.naive`, :mod:`posenc.recursive`,
+:mod:`posenc.complex_order`, :mod:`posenc.relative`, :mod:`posenc.rope`, :mod:`posenc.alibi`),
+attention (:mod:`posenc.attention`), the KV cache (:mod:`posenc.kv_cache`), reading Hugging Face
+configs (:mod:`posenc.rope.hf_config`) and running inside transformers models (:mod:`posenc.hf`).
+:mod:`posenc.lab` is what the book runs on top of it (the tiny LM, training, data, the studies,
+diagnostics, notebook helpers); nothing in the top level imports it.
 """
 
 from posenc.attention import SelfAttention, attention, causal_mask
 from posenc.method import METHODS, NoPE, PositionMethod, build_method, register_method
 from posenc import absolute, alibi, naive, recursive, relative, rope  # noqa: F401  (register their methods)
-from posenc.lm import LMConfig, TinyLM
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "METHODS",
-    "LMConfig",
     "NoPE",
     "PositionMethod",
     "SelfAttention",
-    "TinyLM",
     "attention",
     "build_method",
     "causal_mask",

@@ -20,14 +20,28 @@ with ``ω_i = base ** (-2i / C)`` for ``i = 0 .. C/2 - 1``.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from posenc.analysis import _has_float64
 from posenc.method import PositionMethod, check_positions, register_method
+
+
+@functools.lru_cache(maxsize=None)
+def _has_float64(device_type: str) -> bool:
+    """Whether tensors of ``device_type`` can be float64 (MPS cannot)."""
+    if device_type in ("cpu", "cuda"):
+        return True
+    try:
+        torch.zeros(1, dtype=torch.float64, device=device_type)
+    except (TypeError, RuntimeError):
+        return False
+    return True
+
 
 LAYOUTS = ("interleaved", "half")
 INITS = ("normal", "uniform", "zeros")

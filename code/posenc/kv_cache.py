@@ -14,7 +14,7 @@ with the new tokens' positions, each layer stores its keys and values once with
 :meth:`KVCache.update`, and the step closes by itself when the last layer has written (nothing
 is cached before that). Opening a step before every layer of the previous one has written, writing
 a layer twice in a step, or writing outside a step raises ``ValueError``, as does exceeding
-``max_len``. :meth:`posenc.lm.TinyLM.forward` does all of this when it is given a cache.
+``max_len``. :meth:`posenc.lab.lm.TinyLM.forward` does all of this when it is given a cache.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class KVCache:
 
 
 def cache_for(model, batch: int, max_len: Optional[int] = None, *, dtype: Optional[torch.dtype] = None) -> KVCache:
-    """An empty :class:`KVCache` sized for ``model`` (a :class:`posenc.lm.TinyLM`), on its device."""
+    """An empty :class:`KVCache` sized for ``model`` (a :class:`posenc.lab.lm.TinyLM`), on its device."""
     cfg = model.config
     p = next(model.parameters())
     return KVCache(

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 
 class ModelShape(Protocol):
-    """What a method factory may read from a model configuration (see :class:`posenc.lm.LMConfig`)."""
+    """What a method factory may read from a model configuration (see :class:`posenc.lab.lm.LMConfig`)."""
 
     d_model: int
     n_head: int

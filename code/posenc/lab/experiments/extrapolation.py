@@ -1,0 +1,442 @@
+"""Length extrapolation: every position method trained at a length L and evaluated at 1x, 2x, 4x, 8x L.
+
+The study trains the tiny LM (:class:`~posenc.lab.lm.TinyLM`) at ``L = train_length`` with every
+registered position method (:data:`posenc.method.METHODS`: NoPE, sinusoidal, learned, T5, Shaw,
+Transformer-XL, DeBERTa, TUPE, ALiBi, RoPE, ...) on two tasks, and evaluates each model at the
+lengths ``L * multiples``:
+
+- ``"lm"``: next-byte prediction on the standard-library corpus; scored by the validation loss,
+  mean and per position (:func:`posenc.lab.train.evaluate`);
+- ``"passkey"``: the passkey task (:func:`posenc.lab.data.passkey_retrieval`) trained at length ``L``
+  (random depths) and scored by the exact-match and token accuracy of the key at every evaluation
+  length and at each depth of ``depths`` (the fraction of the filler before the needle).
+
+Variants evaluated on the same trained weights (no training, so they cost only evaluations):
+
+- ``logn``: log-n scaling of the attention (:func:`posenc.attention.logn_query_scale`, Su 2021 in
+  Qwen's form: the query at position ``n`` times ``max(1, log(n + 1) / log L)``). It is the identity
+  up to ``L``, so a model trained with it at length ``L`` *is* the model trained without it; it is
+  switched on at evaluation (``LMConfig.logn_length = L``), past ``L`` only;
+- for a RoPE model, each zero-shot scaling of :data:`~posenc.rope.frequencies.ROPE_SCALINGS` in ``scalings``
+  (``linear`` = position interpolation, ``ntk_aware``, ``dynamic``, ``yarn``, ``llama3``; built by
+  :func:`~posenc.lab.experiments.variants.scaling_config` with ``factor = eval_length / L`` and
+  original length ``L``), past ``L``
+  (at ``L`` each is the identity). The attention scale of the scaling multiplies cos and sin, as in
+  Hugging Face (:class:`~posenc.rope.RotaryEmbedding`).
+
+For a RoPE model, each scaling of ``finetune_scalings`` (PI and YaRN by default, and ``"default"``,
+RoPE unscaled, as their control: the same extra training with no change of position) is also
+fine-tuned for ``finetune_steps`` at ``finetune_length`` (default: the longest evaluation length,
+factor ``finetune_length / L``; 1 for the control) and evaluated at every length with that factor.
+
+Positions: a method whose coverage is finite (a learned table, RoPE's cos/sin cache) is built for
+the longest evaluation length, so it can be evaluated there: rows of a table past ``L`` are never
+trained (each training record says how many: ``untrained_table_rows``). Every other method is built
+for ``L`` (T5's and DeBERTa's bucket distances are set by ``max_len``, as a pre-trained model's are by
+its pre-training length).
+
+Records: one per training run (``"kind": "train"``: steps, batch, length, ``train_loss_last``, the
+loss curve, seconds, position parameters, ``untrained_table_rows``; ``cell_seconds`` on the first
+of a cell) and one per evaluation (``"kind": "eval"``), that is per ``(method, logn, scaling,
+finetune, seed, task, eval_length[, depth])`` (:func:`record_key`): ``loss`` and
+``loss_per_position`` for the LM, ``exact_match``, ``token_accuracy`` and ``answer_loss`` for the
+passkey. ``scaling`` is ``"none"`` or a scaling's name, ``factor`` its factor, ``finetune`` ``None``
+or the scaling fine-tuned. Each record has the command, commit, dirty flag, torch version and
+hardware of its run (:mod:`posenc.lab.experiments.records`). A *cell* is ``(method, seed, task)``: one
+model trained, every evaluation of it and, for RoPE, its fine-tunes. Command line::
+
+    python -m posenc.lab.experiments.extrapolation                       # -> book/results/extrapolation.json
+    python -m posenc.lab.experiments.extrapolation --methods rope alibi --seeds 0 --plots /tmp/plots
+    python -m posenc.lab.experiments.extrapolation --preset gpu --device cuda --out /tmp/extrapolation_gpu.json
+    # two processes on one machine, each claiming the next cell when free (rank 0 writes the records):
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m posenc.lab.experiments.extrapolation
+    # one model trained by all processes (DistributedDataParallel, each its slice of every batch):
+    python -m torch.distributed.run --standalone --nproc_per_node 2 -m posenc.lab.experiments.extrapolation --ddp
+    # several tiny models at once on one GPU: process i on cuda:(i % GPUs), gloo between them
+    python -m torch.distributed.run --standalone --nproc_per_node 8 -m posenc.lab.experiments.extrapolation \\
+        --preset gpu --device cuda
+    # several machines: the same command on each, with torchrun's multi-node arguments
+    python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
+        --rdzv_endpoint HOST:29500 -m posenc.lab.experiments.extrapolation --preset gpu --device cuda
+
+Every option is a field of :class:`~posenc.lab.experiments.extrapolation_config.ExtrapolationStudy`
+(``--train-length 64``, ``--scalings`` with no value for none, ``--no-logn``, ...); ``--preset gpu``
+is the larger configuration (:data:`~posenc.lab.experiments.extrapolation_config.PRESETS`). An
+interrupted run resumes: cells already in the file are not recomputed. Only rank 0 reads and writes
+the file, so on several machines it needs no shared file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+from tqdm.std import tqdm
+
+from posenc.lab.data import load_stdlib_corpus, passkey_retrieval
+from posenc.lab.experiments import distributed
+from posenc.lab.experiments.distributed import DistContext
+from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy
+from posenc.lab.experiments.options import add_options, command_for, from_args
+from posenc.lab.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
+from posenc.lab.experiments.variants import rope_variant, scaling_config, variant
+from posenc.lab.lm import LMConfig, TinyLM
+from posenc.method import PositionMethod, build_method
+from posenc.rope import RotaryEmbedding
+from posenc.lab.train import TrainConfig, evaluate, task_accuracy, train, train_task
+
+#: The module's command, stored in the records.
+COMMAND = ("python", "-m", "posenc.lab.experiments.extrapolation")
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _config(study: ExtrapolationStudy, seed: int) -> LMConfig:
+    return LMConfig(d_model=study.d_model, n_layer=study.n_layer, n_head=study.n_head, max_len=study.longest, seed=seed)
+
+
+def build_position(study: ExtrapolationStudy, method: str, seed: int) -> PositionMethod:
+    """``method`` built for ``L``, or, if its coverage is finite (a table, a cache), for the longest length.
+
+    Seeded by ``seed`` (the global RNG is untouched).
+
+    Raises:
+        ValueError: if ``method`` is not registered.
+    """
+    config = _config(study, seed)
+
+    def build(max_len: int) -> PositionMethod:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return build_method(method, dataclasses.replace(config, max_len=max_len))
+
+    position = build(study.train_length)
+    if position.max_positions is not None and position.max_positions < study.longest:
+        position = build(study.longest)  # a table or cache: cover every evaluated position
+    return position
+
+
+def build_model(study: ExtrapolationStudy, method: str, seed: int, device: str | torch.device = "cpu") -> TinyLM:
+    """The untrained model of one cell, seeded by ``seed``, with the position of :func:`build_position`.
+
+    Raises:
+        ValueError: if ``method`` is not registered.
+    """
+    return TinyLM(_config(study, seed), build_position(study, method, seed)).to(device)
+
+
+def _untrained_rows(position: PositionMethod, trained: int) -> int:
+    """Rows of a position table (a parameter with ``max_positions`` rows) that training at ``trained`` never reaches."""
+    n = position.max_positions
+    tables = [p for p in position.parameters() if n is not None and p.dim() >= 1 and p.shape[0] == n]
+    return n - trained if tables else 0
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _passkey(study: ExtrapolationStudy, length: int, depth: Optional[float] = None) -> Callable:
+    """``task(batch_size, generator)`` of passkey rows whose inputs are ``length`` tokens."""
+    return lambda batch_size, generator: passkey_retrieval(batch_size, length + 1, generator,
+                                                           num_digits=study.passkey_digits, depth=depth)
+
+
+def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, ddp: Optional[DistContext]):
+    """Train ``model`` on ``task`` with ``cfg``, data-parallel over ``ddp``'s ranks if given."""
+    if task == "lm":
+        data = load_stdlib_corpus().train
+        fit = lambda m, shard: train(m, data, cfg, shard=shard)  # noqa: E731
+    else:
+        sampler = _passkey(study, cfg.seq_len)
+        fit = lambda m, shard: train_task(m, sampler, cfg, shard=shard)  # noqa: E731
+    return distributed.train_data_parallel(model, fit, ddp or DistContext())
+
+
+def _train_record(study: ExtrapolationStudy, model: TinyLM, history, cfg: TrainConfig, **fields) -> dict:
+    return {"kind": "train", **fields, "steps": cfg.steps, "batch_size": cfg.batch_size, "length": cfg.seq_len,
+            "lr": cfg.lr, "train_loss_last": history.losses[-1],
+            "train_loss_every_10": [round(x, 4) for x in history.smoothed(10)[9::10]],
+            "position_parameters": sum(p.numel() for p in model.position.parameters()),
+            "position_covers": model.position.max_positions, "untrained_table_rows":
+            _untrained_rows(model.position, study.train_length), "seconds": round(history.seconds, 2)}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _evaluate(study: ExtrapolationStudy, model: TinyLM, task: str, length: int) -> list[dict]:
+    """Scores of ``model`` at one length: the LM loss, or the passkey accuracy at every depth."""
+    if task == "lm":
+        result = evaluate(model, load_stdlib_corpus().val, length, num_windows=study.eval_windows,
+                          batch_size=study.eval_batch)
+        return [{"depth": None, "loss": result.loss,
+                 "loss_per_position": [round(x, 4) for x in result.loss_per_position.tolist()]}]
+    out = []
+    for depth in study.depths:
+        acc = task_accuracy(model, _passkey(study, length, float(depth)), num_examples=study.eval_examples,
+                            batch_size=study.eval_batch)
+        out.append({"depth": float(depth), "exact_match": acc.exact_match, "token_accuracy": acc.token_accuracy,
+                    "answer_loss": acc.answer_loss, "num_examples": acc.num_examples})
+    return out
+
+
+def evaluation_plan(study: ExtrapolationStudy, model: TinyLM) -> list[dict]:
+    """What a freshly trained model is evaluated with: ``{"logn", "scaling", "factor", "eval_length"}`` each.
+
+    Plain at every length; log-n past ``L`` (if ``study.logn``); for a RoPE model, each zero-shot
+    scaling past ``L`` with ``factor = eval_length / L``. (Both variants are the identity at ``L``.)
+    """
+    L = study.train_length
+    plan = [{"logn": False, "scaling": "none", "factor": 1.0, "eval_length": n} for n in study.eval_lengths]
+    longer = [n for n in study.eval_lengths if n > L]
+    if study.logn:
+        plan += [{"logn": True, "scaling": "none", "factor": 1.0, "eval_length": n} for n in longer]
+    if isinstance(model.position, RotaryEmbedding):
+        plan += [{"logn": False, "scaling": s, "factor": n / L, "eval_length": n}
+                 for s in study.scalings for n in longer]
+    return plan
+
+
+def _run_plan(study, model, task, plan, base: dict, ddp: Optional[DistContext]) -> list[dict]:
+    """Evaluate ``model`` for every entry of ``plan`` (dealt to the ranks under ``ddp``, gathered on rank 0)."""
+    ctx = ddp or DistContext()
+    mine = [p for i, p in enumerate(plan) if i % ctx.world_size == ctx.rank]
+    records = []
+    for entry in mine:
+        evaluated = model
+        if entry["scaling"] != "none" and base.get("finetune") is None:
+            scaling = scaling_config(entry["scaling"], entry["factor"], study.train_length)
+            evaluated = rope_variant(model, scaling, entry["eval_length"])
+        if entry["logn"]:
+            evaluated = variant(evaluated, logn_length=study.train_length)
+        for score in _evaluate(study, evaluated, task, entry["eval_length"]):
+            records.append({"kind": "eval", **base, **entry, **score})
+    gathered = distributed.gather_to_main(records, ctx)
+    return [] if gathered is None else [r for part in gathered for r in part]
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, device: str | torch.device = "cpu",
+             ddp: Optional[DistContext] = None, progress: bool = False, return_model: bool = False):
+    """Train one model and evaluate it (and, for RoPE, fine-tune and evaluate each fine-tune scaling).
+
+    Args:
+        study: the grid and scale.
+        method: a registered method name.
+        seed: seeds the initialisation and the data order.
+        task: ``"lm"`` or ``"passkey"``.
+        device: where to train and evaluate.
+        ddp: train data-parallel over this context's ranks (``None``: this process alone); the
+            evaluations are dealt to the ranks too, and only rank 0 gets the records.
+        progress: show tqdm bars for the training loops.
+        return_model: also return the trained model (before any fine-tune), e.g. to inspect its attention.
+
+    Returns:
+        The cell's records (unstamped): training records first, then evaluation records. Empty on
+        ranks other than 0 under ``ddp``. With ``return_model``, ``(records, model)``.
+
+    Raises:
+        ValueError: for an unknown ``task`` or ``method``.
+    """
+    if task not in study.tasks:
+        raise ValueError(f"task must be one of the study's tasks {study.tasks}, got {task!r}")
+    if method not in study.method_names:
+        raise ValueError(f"method must be one of the study's methods {study.method_names}, got {method!r}")
+    start = time.perf_counter()
+    L = study.train_length
+    base = {"cell": cell_id(method, seed, task), "method": method, "seed": seed, "task": task, "trained_length": L}
+    model = build_model(study, method, seed, device)
+    steps, batch = (study.lm_steps, study.lm_batch) if task == "lm" else (study.passkey_steps, study.passkey_batch)
+    cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=L, lr=study.lr, warmup_steps=study.warmup_steps,
+                      seed=seed, progress=progress)
+    history = _fit(study, model, task, cfg, ddp)
+    records = [_train_record(study, model, history, cfg, **base, finetune=None, scaling="none", factor=1.0)]
+    if task == "lm":
+        records[0]["corpus"] = load_stdlib_corpus().fingerprint
+    records += _run_plan(study, model, task, evaluation_plan(study, model), {**base, "finetune": None}, ddp)
+    if isinstance(model.position, RotaryEmbedding) and study.finetune_steps > 0:
+        n = study.finetune_window
+        ft_cfg = TrainConfig(steps=study.finetune_steps, batch_size=study.finetune_batch or max(1, batch * L // n),
+                             seq_len=n, lr=study.finetune_lr, warmup_steps=study.finetune_steps // 10, seed=seed,
+                             progress=progress)
+        for name in study.finetune_scalings:
+            factor = 1.0 if name == "default" else n / L  # "default": the control, RoPE unscaled
+            tuned = rope_variant(model, scaling_config(name, factor, L), study.longest)
+            ft_history = _fit(study, tuned, task, ft_cfg, ddp)
+            ft = {**base, "finetune": name, "scaling": name, "factor": factor}
+            records.append(_train_record(study, tuned, ft_history, ft_cfg, **ft))
+            plan = [{"logn": False, "scaling": name, "factor": factor, "eval_length": m} for m in study.eval_lengths]
+            records += _run_plan(study, tuned, task, plan, {**base, "finetune": name}, ddp)
+    records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
+    records = records if ddp is None or ddp.is_main else []
+    return (records, model) if return_model else records
+
+
+def cell_id(method: str, seed: int, task: str) -> str:
+    """The identifier of a cell in the records: ``"METHOD|SEED|TASK"``."""
+    return f"{method}|{seed}|{task}"
+
+
+def record_key(record: dict) -> tuple:
+    """What identifies a record: kind, method, seed, task, log-n, scaling, fine-tune, length, depth."""
+    return tuple(record.get(k) for k in ("kind", "method", "seed", "task", "logn", "scaling", "finetune",
+                                         "eval_length", "depth"))
+
+
+def cell_cost(study: ExtrapolationStudy, method: str, task: str) -> float:
+    """A rough cost of a cell in token-steps (training, fine-tunes, evaluations), to balance the ranks."""
+    L, lengths = study.train_length, study.eval_lengths
+    steps, batch = (study.lm_steps, study.lm_batch) if task == "lm" else (study.passkey_steps, study.passkey_batch)
+    rows = study.eval_windows if task == "lm" else study.eval_examples * len(study.depths)
+    cost = 3.0 * steps * batch * L + rows * sum(lengths) * (1 + study.logn)
+    if isinstance(build_position(study, method, 0), RotaryEmbedding):
+        cost += rows * sum(n for n in lengths if n > L) * len(study.scalings)
+        ft_batch = study.finetune_batch or max(1, batch * L // study.finetune_window)
+        cost += len(study.finetune_scalings) * (3.0 * study.finetune_steps * ft_batch * study.finetune_window
+                                                 + rows * sum(lengths))
+    return cost
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch.device = "cpu",
+              ctx: Optional[DistContext] = None, ddp: bool = False, command: str = "", progress: bool = True,
+              log: Callable[[str], None] = tqdm.write) -> Optional[dict]:
+    """Run every cell of ``study`` that ``out`` does not hold yet, and store its records there.
+
+    The missing cells are taken costliest first (:func:`cell_cost`) from a
+    :class:`~posenc.lab.experiments.distributed.WorkQueue`: one process runs them in turn; under
+    ``torchrun`` (``ctx`` with several ranks) each rank claims the next cell as soon as it is free
+    and rank 0 stores the records of every finished cell. With ``ddp`` every cell is instead trained
+    by all ranks together. Only rank 0 reads and writes ``out``; finished cells are stored as they
+    come, so an interrupted run loses at most the cells in progress, and a rerun skips the cells
+    already stored.
+
+    Args:
+        study: the grid and scale.
+        out: the JSON file.
+        device: where to train (under ``torchrun`` with CUDA, each rank uses ``ctx.device``,
+            ``cuda:(LOCAL_RANK % GPUs)``).
+        ctx: the distributed context (:func:`~posenc.lab.experiments.distributed.init`); ``None``: one process.
+        ddp: train each cell data-parallel over all ranks.
+        command: the command line, stored in every record.
+        progress: show progress bars (rank 0 only).
+        log: where rank 0 writes one line per finished cell.
+
+    Returns:
+        The stored study on rank 0, ``None`` on the other ranks.
+    """
+    ctx = ctx or DistContext(device=str(device))
+    device = ctx.device if ctx.distributed else device
+    out = Path(out)
+    done = distributed.broadcast_from_main(finished_keys(out, lambda r: r["cell"]) if ctx.is_main else None, ctx)
+    todo = sorted((c for c in study.cells() if cell_id(*c) not in done), key=lambda c: -cell_cost(study, c[0], c[2]))
+    origin = {**provenance(device), "rank": ctx.rank}  # read once, before training: the code this process imported
+    bar = tqdm(total=len(todo), desc="cells", disable=not (progress and ctx.is_main))
+
+    def store(results: list[tuple[int, list[dict]]]) -> None:
+        new = [r for _, records in results for r in records]
+        if new:
+            append_records(out, new, record_key, lambda rs: _meta(study, rs), one_per_line=True)
+        for r in new:
+            if r["kind"] == "train" and r["finetune"] is None:
+                log(f"{r['cell']:32s} train loss {r['train_loss_last']:.4f} ({r['cell_seconds']:.0f} s, rank {r['rank']})")
+        bar.update(len(results))
+
+    if ddp:  # every rank on every cell
+        for cell in todo:
+            records = [stamp(r, origin, command) for r in run_cell(study, *cell, device=device, ddp=ctx,
+                                                                    progress=progress and ctx.is_main)]
+            if ctx.is_main:
+                store([(0, records)])
+    else:  # each rank on its own cells, claimed as it goes
+        queue = distributed.WorkQueue(ctx, len(todo), f"extrapolation/{distributed.new_name(ctx)}")
+        while (index := queue.claim()) is not None:
+            records = run_cell(study, *todo[index], device=device, progress=progress and not ctx.distributed)
+            queue.put(index, [stamp(r, origin, command) for r in records])
+            if ctx.is_main:
+                store(queue.collect())
+        if ctx.is_main:
+            store(queue.collect(wait=True))
+    bar.close()
+    if ctx.distributed:
+        torch.distributed.barrier()  # the others wait until rank 0 has stored everything
+    return load_records(out) if ctx.is_main and out.exists() else None
+
+
+def _meta(study: ExtrapolationStudy, records: list[dict]) -> dict:
+    cells = [r for r in records if r["kind"] == "train" and r["finetune"] is None]
+    return {
+        "study": "extrapolation", "command": command_for(study, COMMAND),
+        "config": dataclasses.asdict(dataclasses.replace(study, methods=study.method_names)),
+        "eval_lengths": list(study.eval_lengths), "seeds": sorted({r["seed"] for r in records}),
+        "cells": len(cells), "wall_seconds": round(sum(r.get("cell_seconds", 0.0) for r in cells), 1),
+        "note": "meta.command rebuilds the whole study (finished cells are kept); each record carries the command, "
+                "commit, dirty flag, torch version and machine of its own run. 'kind': 'train' records hold the "
+                "training runs (cell_seconds: the whole cell, evaluations and fine-tunes included), 'kind': 'eval' "
+                "records one evaluation each.",
+    }
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: the run's options, then one option per field of
+    :class:`~posenc.lab.experiments.extrapolation_config.ExtrapolationStudy`."""
+    p = argparse.ArgumentParser(prog=" ".join(COMMAND), description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="the configuration the options change")
+    p.add_argument("--out", help="output JSON (default: book/results/extrapolation.json)")
+    p.add_argument("--plots", metavar="DIR", help="also write the figures (PNG) to DIR")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun with cuda: process LOCAL_RANK on "
+                   "cuda:(LOCAL_RANK %% GPUs), so several processes may share a GPU)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process")
+    p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP; "
+                   "on CUDA, one GPU per process)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars and no log lines")
+    add_options(p.add_argument_group("study (fields of ExtrapolationStudy; default: the preset's)"),
+                ExtrapolationStudy)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Parse the command line, run the study (under torchrun: on every rank) and, on rank 0, plot it."""
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        study = from_args(PRESETS[args.preset], args)
+        study.method_names  # noqa: B018  (raises for a name that is not registered)
+    except ValueError as err:
+        p.error(str(err))
+    torch.set_num_threads(args.threads)
+    ctx = distributed.init(args.device)
+    try:
+        out = Path(args.out) if args.out else RESULTS_DIR / "extrapolation.json"
+        command = shlex.join([*COMMAND, *(argv if argv is not None else sys.argv[1:])])
+        log = (lambda line: None) if args.quiet else tqdm.write
+        data = run_study(study, out, device=args.device, ctx=ctx, ddp=args.ddp, command=command,
+                         progress=not args.quiet, log=log)
+        if args.plots and data is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")  # files only, no window
+            from posenc.lab.experiments.extrapolation_plots import plot_all
+
+            for path in plot_all(data, args.plots):
+                log(f"wrote {path}")
+    finally:
+        distributed.shutdown(ctx)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,338 @@
+"""Helpers for running the book's chapters as notebooks, with or without the book toolchain.
+
+The chapters put computed numbers and figures into the prose with MyST-NB's ``glue``. A learner
+who opens a chapter in plain Jupyter or Colab may not have MyST-NB installed; :func:`glue` then
+simply displays the value, so every number and figure is still visible.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class _Text:
+    """A string whose plain-text display is the string itself (no quotes)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for ``{glue:}`` / ``{glue:figure}`` in the book.
+
+    With MyST-NB installed this is ``myst_nb.glue`` (by default not displayed in the cell, since
+    the prose shows it). Without it, the value is displayed in the cell output instead. Strings
+    are shown without quotes. A matplotlib figure is closed afterwards so that Jupyter's inline
+    backend does not draw it a second time. Returns ``None``, so a cell ending in ``glue(...)``
+    has no stray output.
+
+    Args:
+        name: key referenced from the Markdown, e.g. ``{glue:}`name```.
+        value: a number, string or matplotlib figure.
+        display: also display the value in the cell output when MyST-NB is installed.
+
+    Raises:
+        ValueError: if ``name`` is empty or contains whitespace.
+    """
+    if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
+        raise ValueError(f"name must be a non-empty string without whitespace, got {name!r}")
+    shown = _Text(value) if isinstance(value, str) else value
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        myst_glue = None
+    if myst_glue is not None:
+        myst_glue(name, shown, display=display)
+    else:
+        from IPython.display import display as ipy_display
+
+        ipy_display(shown)
+    if type(value).__name__ == "Figure" and type(value).__module__.startswith("matplotlib"):
+        import matplotlib.pyplot as plt
+
+        plt.close(value)
+
+
+def claims_table(path: str | None = None, prefix: str = ""):
+    """The claims ledger (``book/claims.yml``) as a Markdown table, optionally only ids starting with ``prefix``.
+
+    Args:
+        path: the ledger file; default ``claims.yml`` in the working directory (a chapter run from
+            ``book/``) or else ``book/claims.yml`` (run from the repository root).
+        prefix: keep only entries whose ``id`` starts with it, e.g. ``"ch01-"``.
+
+    Returns:
+        An ``IPython.display.Markdown`` object (rendered by Jupyter and by the book).
+
+    Raises:
+        FileNotFoundError: if no ledger is found.
+        ValueError: if no entry matches ``prefix``.
+    """
+    from pathlib import Path
+
+    import yaml
+    from IPython.display import Markdown
+
+    candidates = [Path(path)] if path else [Path("claims.yml"), Path("book") / "claims.yml"]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise FileNotFoundError(f"no claims ledger at {', '.join(map(str, candidates))}")
+    entries = [e for e in yaml.safe_load(found.read_text(encoding="utf-8")) if e["id"].startswith(prefix)]
+    if not entries:
+        raise ValueError(f"no claim id starts with prefix={prefix!r} in {found}")
+
+    def cell(text) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    rows = ["| id | source | claim | verdict | what is true | evidence |", "| --- | --- | --- | --- | --- | --- |"]
+    for e in entries:
+        evidence = e["evidence"] if isinstance(e["evidence"], list) else [e["evidence"]]
+        refs = "; ".join(f"`{ref}`" for ref in evidence)
+        rows.append(
+            f"| {cell(e['id'])} | {cell(e['source'])} | {cell(e['claim'])} | **{e['verdict']}** | {cell(e['note'])} | {refs} |"
+        )
+    return Markdown("\n".join(rows))
+
+
+def time_ms(fn, repeats: int = 7, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in milliseconds, for the small live measurements in chapters.
+
+    Runs ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; when CUDA is initialised the
+    device is synchronised around each call so that queued kernels are counted. For numbers the
+    book reports, use the scripts in ``benchmarks/`` instead.
+
+    Raises:
+        ValueError: if ``repeats < 1`` or ``warmup < 0``.
+    """
+    import statistics
+    import time
+
+    import torch
+
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def stored_study(name: str, root: str | None = None) -> dict:
+    """A stored study from ``book/results/NAME.json`` (written by :mod:`posenc.lab.experiments.compare`).
+
+    Args:
+        name: the study's name, e.g. ``"methods"``.
+        root: the repository root; by default found from this file (source checkout) or the
+            current directory (a chapter run from ``book/``).
+
+    Raises:
+        FileNotFoundError: if the file is not found, with the command that makes it.
+    """
+    import json
+    from pathlib import Path
+
+    candidates = [Path(root)] if root else [Path(__file__).resolve().parents[2], Path.cwd().parent, Path.cwd()]
+    for base in candidates:
+        path = base / "book" / "results" / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"no stored study {name!r} under {[str(c) for c in candidates]}; "
+                            f"make it with: python -m posenc.lab.experiments.compare {name}")
+
+
+def separated(a: dict, b: dict) -> bool:
+    """Whether two summaries of :func:`posenc.lab.experiments.compare.summarize` do not overlap.
+
+    True when every seed of one lies beyond every seed of the other (``a["max"] < b["min"]`` or
+    the reverse): the rule of the pre-protocol chapters, a rank test that calls identical methods
+    different 10 % of the time with three seeds each. Chapters moved to the experiments protocol use
+    :func:`protocol_separated` instead.
+    """
+    return a["max"] < b["min"] or b["max"] < a["min"]
+
+
+def study_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None,
+                extra: dict[str, dict[str, str]] | None = None):
+    """A Markdown table of mean ± standard deviation [min, max] per arm, one column per metric.
+
+    Args:
+        columns: ``{column title: summary}``, each summary from ``summarize``.
+        order: the arms, in row order.
+        digits: decimals per column title (default 3).
+        extra: more columns, ``{column title: {arm: text}}``, after the metrics.
+    """
+    from IPython.display import Markdown
+
+    digits, extra = digits or {}, extra or {}
+    head = "| | " + " | ".join([*columns, *extra]) + " |"
+    rows = [head, "|" + " --- |" * (len(columns) + len(extra) + 1)]
+    for arm in order:
+        cells = []
+        for title, summary in columns.items():
+            s, d = summary.get(arm), digits.get(title, 3)
+            cells.append("–" if s is None else f"{s['mean']:.{d}f} ± {s['std']:.{d}f} [{s['min']:.{d}f}, {s['max']:.{d}f}]")
+        cells += [texts.get(arm, "–") for texts in extra.values()]
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return Markdown("\n".join(rows))
+
+
+def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str, float] | None = None,
+               label: str = "stored, one dot per seed"):
+    """Dots for every seed of every arm, a bar at the mean, and optionally the live run's value.
+
+    Args:
+        ax: a matplotlib axis; arms go on the y axis.
+        summary: from ``summarize``.
+        order: the arms, top to bottom.
+        live: ``{arm: value}`` of the chapter's live run, drawn as open diamonds.
+    """
+    for y, arm in enumerate(order):
+        s = summary[arm]
+        ax.scatter(s["values"], [y] * len(s["values"]), s=18, color="C0", alpha=0.7, label=label if y == 0 else None)
+        ax.plot([s["mean"]] * 2, [y - 0.3, y + 0.3], color="C0", lw=2)
+        if live and arm in live:
+            ax.scatter([live[arm]], [y], s=60, facecolors="none", edgecolors="C3", marker="D",
+                       label="live run (this notebook)" if arm == next(a for a in order if a in live) else None)
+    ax.set_yticks(range(len(order)), order)
+    ax.invert_yaxis()
+    return ax
+
+
+def protocol_summary(records: list[dict], study, metric: str, setting: str, *, role: str = "tuned") -> dict[str, dict]:
+    """Per arm of a protocol study: the seeds' values of ``metric`` in ``setting``, their mean with
+    its 95 % interval over seeds, and the evaluation-sample half-width (bootstrap over each seed's
+    windows for ``val_loss``, examples for the copy scores).
+
+    Args:
+        records: the stored records (``stored_study("protocol/NAME")["records"]``).
+        study: the :class:`~posenc.lab.experiments.compare.Study` (for the tuning seed and choices).
+        metric: e.g. ``"val_loss"``, ``"exact_match"``, ``"token_accuracy"``, ``"answer_loss"``.
+        setting: ``"lm"`` or ``"copy"``.
+        role: ``"tuned"`` (each arm at its chosen multiplier) or ``"untuned"`` (multiplier 1).
+
+    Returns:
+        ``{arm: {"values", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms first
+        appear; ``eval`` is ``None`` for a metric without per-item scores, ``mult`` the multiplier.
+    """
+    from posenc.lab.experiments.compare import select
+    from posenc.lab.experiments.stats import eval_half_width, seed_interval
+
+    items_key = {"val_loss": "loss_per_window", "exact_match": "row_exact"}.get(metric)
+    out: dict[str, dict] = {}
+    rows: dict[str, list[dict]] = {}
+    for r in select(records, study, role):
+        if r["setting"] == setting and metric in r:
+            rows.setdefault(r["arm"], []).append(r)
+    for arm, rs in rows.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
+        values = [float(r[metric]) for r in rs]
+        iv = seed_interval(values) if len(values) > 1 else None
+        items = None
+        if items_key and all(items_key in r for r in rs):
+            items = [[float(c) for c in r[items_key]] for r in rs]
+        out[arm] = {"values": values, "mean": sum(values) / len(values), "low": iv.low if iv else math.nan,
+                    "high": iv.high if iv else math.nan, "n": len(values),
+                    "eval": eval_half_width(items) if items else None, "mult": rs[0].get("mult", 1.0)}
+    return out
+
+
+def protocol_separated(a: dict, b: dict, *, paired: bool = False) -> bool:
+    """Whether two arms of :func:`protocol_summary` are separated
+    (:func:`posenc.lab.experiments.stats.separated`: the book's one meaning)."""
+    from posenc.lab.experiments.stats import separated as is_separated
+
+    return is_separated(a["values"], b["values"], paired=paired)
+
+
+def protocol_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None,
+                   extra: dict[str, dict[str, str]] | None = None):
+    """A Markdown table of ``mean [95 % interval over seeds] ± evaluation half-width`` per arm, one
+    column per summary of :func:`protocol_summary`, then the ``extra`` columns."""
+    from IPython.display import Markdown
+
+    digits, extra = digits or {}, extra or {}
+    rows = ["| | " + " | ".join([*columns, *extra]) + " |", "|" + " --- |" * (len(columns) + len(extra) + 1)]
+    for arm in order:
+        cells = []
+        for title, summary in columns.items():
+            s, d = summary.get(arm), digits.get(title, 3)
+            if s is None:
+                cells.append("–")
+                continue
+            text = f"{s['mean']:.{d}f} [{s['low']:.{d}f}, {s['high']:.{d}f}]"
+            cells.append(text + (f" ± {s['eval']:.{d}f}" if s["eval"] is not None else ""))
+        cells += [texts.get(arm, "–") for texts in extra.values()]
+        rows.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return Markdown("\n".join(rows))
+
+
+def plot_intervals(ax, summary: dict[str, dict], order: list[str], *, untuned: dict[str, dict] | None = None,
+                   live: dict[str, float] | None = None, label: str = "tuned, one dot per seed"):
+    """Each arm's seeds (dots), their mean with its 95 % interval (bar), optionally the untuned mean
+    (a hollow circle, where the arm was tuned to another multiplier) and a live run (open diamond).
+
+    Args:
+        ax: a matplotlib axis; arms go on the y axis, top to bottom in ``order``.
+        summary: from :func:`protocol_summary` (``role="tuned"``).
+        order: the arms to draw.
+        untuned: from :func:`protocol_summary` with ``role="untuned"``.
+        live: ``{arm: value}`` of the chapter's live run.
+    """
+    first_untuned = True
+    for y, arm in enumerate(order):
+        s = summary[arm]
+        ax.scatter(s["values"], [y] * len(s["values"]), s=16, color="C0", alpha=0.6, label=label if y == 0 else None)
+        ax.errorbar([s["mean"]], [y], xerr=[[s["mean"] - s["low"]], [s["high"] - s["mean"]]], fmt="|", color="C0",
+                    ms=14, capsize=3, label="mean, 95 % interval over seeds" if y == 0 else None)
+        if untuned and arm in untuned and untuned[arm]["mult"] != s["mult"]:
+            ax.scatter([untuned[arm]["mean"]], [y + 0.28], s=28, facecolors="none", edgecolors="C1",
+                       label="untuned (multiplier 1), mean" if first_untuned else None)
+            first_untuned = False
+        if live and arm in live:
+            ax.scatter([live[arm]], [y], s=60, facecolors="none", edgecolors="C3", marker="D",
+                       label="live run (this notebook)" if arm == next(a for a in order if a in live) else None)
+    ax.set_yticks(range(len(order)), order)
+    ax.set_ylim(len(order) - 0.5, -0.5)
+    return ax
+
+
+def plot_curves(ax, records: list[dict], study, setting: str, metric: str, arms: list[str], *, role: str = "tuned"):
+    """The learning curve of ``metric`` (mean over the reported seeds, with their range shaded) for
+    each arm of a protocol study.
+
+    Args:
+        ax: a matplotlib axis.
+        records: the stored records.
+        study: the :class:`~posenc.lab.experiments.compare.Study`.
+        setting: ``"lm"`` or ``"copy"``.
+        metric: a key of the curve points (``"val_loss"``, ``"exact_match"``, ...).
+        arms: the arms to draw, in legend order.
+        role: ``"tuned"`` or ``"untuned"``.
+    """
+    from posenc.lab.experiments.compare import select
+
+    chosen = [r for r in select(records, study, role) if r["setting"] == setting and "curve" in r]
+    for i, arm in enumerate(arms):
+        curves = [r["curve"] for r in sorted(chosen, key=lambda r: r["seed"]) if r["arm"] == arm]
+        if not curves:
+            continue
+        steps = [p["step"] for p in curves[0]]
+        values = [[c[k][metric] for c in curves] for k in range(len(steps))]
+        mean = [sum(v) / len(v) for v in values]
+        ax.plot(steps, mean, "-", color=f"C{i % 10}", label=arm)
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=f"C{i % 10}", alpha=0.15)
+    ax.set_xlabel("step")
+    return ax
