@@ -185,3 +185,88 @@ def test_the_rotary_module_refuses_an_ambiguous_call():
     config = Gemma3TextConfig(**TINY, head_dim=16)
     with pytest.raises(ValueError, match="a rope per layer type .* pass layer_type"):
         HFRotaryEmbedding(copy.deepcopy(config))(torch.zeros(1), torch.arange(3)[None])
+
+
+# ----------------------------------------------------------------- the forms of cos/sin, and the checked swap
+
+
+def _swap_checked_and_compare(model, ids, **kwargs):
+    """Logits of ``model`` as it is, then after swap_rotary_embedding (checked) and posenc's attention."""
+    from posenc.hf import swap_rotary_embedding
+
+    model.eval()
+    reference = _logits(model, ids, **kwargs)
+    assert swap_rotary_embedding(model) >= 1
+    ours = _logits(model, ids, **kwargs)
+    torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
+
+
+def test_cohere_takes_its_repeat_interleaved_cos_sin():
+    # Cohere's rotary module repeats each value twice in a row: the "cat" form gave other logits
+    # (0.4 apart at this initialisation, only 3e-4 at the default one)
+    from transformers import CohereConfig, CohereForCausalLM
+
+    from posenc.hf import HFRotaryEmbedding
+
+    torch.manual_seed(9)
+    config = CohereConfig(**TINY, initializer_range=0.5)
+    assert HFRotaryEmbedding(config).form == "interleave"
+    model = CohereForCausalLM(config)
+    _swap_checked_and_compare(model, _ids(seed=9))
+
+
+def test_gpt_oss_takes_half_width_cos_sin_and_its_layer_types():
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(10)
+    config = GptOssConfig(**TINY, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                          layer_types=["sliding_attention", "full_attention"], max_position_embeddings=131072,
+                          rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                           "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                           "original_max_position_embeddings": 4096})
+    model = GptOssForCausalLM(config)
+    _swap_checked_and_compare(model, _ids(seed=10))  # its attention has sinks: keep its own
+
+
+def test_a_scaled_rope_shared_by_two_layer_types():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(11)
+    config = Qwen2Config(**TINY, layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                         sliding_window=8, max_position_embeddings=131072,
+                         rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                                          "original_max_position_embeddings": 32768})
+    model = Qwen2ForCausalLM(config)
+    _swap_and_compare(model, model.model, _ids(seed=11), position_ids=_far_positions(90000))
+
+
+def test_a_swap_that_would_change_the_model_is_refused(monkeypatch):
+    import posenc.hf as hf
+    from transformers import CohereConfig, CohereForCausalLM
+
+    monkeypatch.setitem(hf.COS_SIN_FORM_BY_MODEL_TYPE, "cohere", "cat")  # as if posenc did not know Cohere's form
+    model = CohereForCausalLM(CohereConfig(**TINY))
+    original = model.model.rotary_emb
+    with pytest.raises(ValueError, match="does not reproduce CohereRotaryEmbedding.*nothing was replaced"):
+        hf.swap_rotary_embedding(model)
+    assert model.model.rotary_emb is original
+
+
+def test_models_with_complex_freqs_are_refused_by_name():
+    from transformers import Llama4TextConfig
+
+    with pytest.raises(ValueError, match="model_type 'llama4_text' takes complex freqs_cis"):
+        HFRotaryEmbedding(Llama4TextConfig(**TINY, head_dim=16))
+
+
+def test_dynamic_scaling_follows_transformers_bit_for_bit_as_the_length_grows():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(**TINY, max_position_embeddings=16, rope_parameters={
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    theirs, ours = LlamaRotaryEmbedding(config), HFRotaryEmbedding(config)
+    for n in (8, 17, 20, 64, 33, 100, 12, 5000):  # grows, stays, resets below 16, grows again
+        ids = torch.arange(n)[None]
+        for a, b in zip(ours(torch.zeros(1), ids), theirs(torch.zeros(1), ids)):
+            assert torch.equal(a, b), n

@@ -148,3 +148,11 @@ def test_an_error_inside_a_layer_leaves_the_cache_usable():
         assert cache.length == 3 and not cache.in_step
         rest = torch.cat([model(idx[:, 3:4], cache=cache), model(idx[:, 4:5], cache=cache)], dim=1)
         torch.testing.assert_close(rest, model(idx)[:, 3:], atol=2e-5, rtol=1e-5)
+
+
+def test_a_cache_refuses_keys_of_another_dtype():
+    cache = KVCache(1, 1, 2, 4, 8)  # fp32
+    cache.reserve(torch.tensor([0]))
+    k = torch.ones(1, 2, 1, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do not match the cache's torch.float32"):
+        cache.update(0, k, k)

@@ -113,3 +113,16 @@ def test_repeat_interleaved_cos_sin_are_refused(device):
     with pytest.raises(ValueError, match="repeat themselves"):
         apply_rope(x, c.repeat_interleave(2, -1), s.repeat_interleave(2, -1), "interleaved")
     apply_rope(x, c, s, "interleaved")  # the (..., R/2) table of the same angles is taken
+
+
+def test_full_width_cos_sin_are_refused_when_half_the_head_rotates(device):
+    # partial_rotary_factor 0.5: transformers' table has width R = D/2, the width of posenc's full rotary
+    from transformers import PhiConfig
+    from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+
+    emb = PhiRotaryEmbedding(config=PhiConfig(hidden_size=64, num_attention_heads=4, partial_rotary_factor=0.5)).to(device)
+    q = torch.randn(1, 4, 6, 16, device=device)
+    cos, sin = emb(q, torch.arange(6, device=device)[None])  # (1, 6, 8)
+    with pytest.raises(ValueError, match="repeat themselves"):
+        apply_rope(q, cos[:, None], sin[:, None])
+    apply_rope(q, cos[:, None, :, :4], sin[:, None, :, :4])  # the half-width table is taken

@@ -304,3 +304,16 @@ def test_transformers_arithmetic_reproduces_a_checkpoints_cos_sin_bit_for_bit(na
     assert gap[:3].max() < 1e-6 < gap[-1].max() < 1e-2  # equal below 4096; apart, slightly, far out
     with pytest.raises(ValueError, match=r"arithmetic must be one of \('exact', 'transformers'\), got 'fp16'"):
         RotaryEmbedding(rotary_dim, 16, base, arithmetic="fp16")
+
+
+def test_longrope_on_a_model_shorter_than_its_original_length(device):
+    # transformers derives factor = max_position_embeddings / original = 1/16 and an attention scale of 1
+    raw = {"hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 256,
+           "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+           "rope_scaling": {"type": "longrope", "short_factor": factors(48, 5, 1.2), "long_factor": factors(48, 6, 9.0)}}
+    config = Phi3Config(**copy.deepcopy(raw))
+    base, scaling, rotary_dim = scaling_from_hf(copy.deepcopy(raw))
+    inv_hf, scale_hf = ROPE_INIT_FUNCTIONS["longrope"](config, HF_DEVICE, seq_len=100)
+    inv, scale = inverse_frequencies(rotary_dim, base, scaling, seq_len=100, device=device)
+    torch.testing.assert_close(inv.cpu(), inv_hf.float(), rtol=RTOL, atol=0)
+    assert scale == scale_hf == 1.0

@@ -343,7 +343,8 @@ def attention(
             ``"sdpa"`` passes ``is_causal=True`` and builds no ``(T, S)`` mask.
         key_padding_mask: optional ``(B, S)`` bool, ``True`` where the key is padding. A mask that
             removes every key of a batch row is refused (it is what a mask of the opposite
-            polarity looks like).
+            polarity looks like wherever a row has no padding; if every row has some, the two
+            polarities cannot be told apart: pass a tokenizer's mask as ``attention_mask``).
         attention_mask: optional Hugging Face ``(B, S)`` mask of 0/1, ``1`` (or ``True``) where the
             key is kept, as tokenizers return it (:func:`padding_mask_from_hf`). Give one of
             ``key_padding_mask`` and ``attention_mask``.

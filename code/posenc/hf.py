@@ -5,9 +5,10 @@ unchanged with posenc's position code swapped in (tests/test_hf_interop.py repro
 tiny random-weight Llama, Qwen2, GPT-NeoX, Phi-3, Gemma 3, DeepSeek-V3, BLOOM and T5 models):
 
 * :class:`HFRotaryEmbedding`: a model's ``rotary_emb``. ``forward(x, position_ids[, layer_type])``
-  returns transformers' ``(cos, sin)``: ``(B, T, R)`` in ``x``'s dtype, the ``R/2`` values twice
-  (concatenated), as every transformers rotary module returns them; the model's own attention code
-  applies them in its own layout. Read from the model's config with
+  returns transformers' ``(cos, sin)`` in ``x``'s dtype and in the form the model's own module
+  returns them (the ``R/2`` values twice, concatenated, for most models; :data:`COS_SIN_FORMS`); the
+  model's own attention code applies them in its own layout. :func:`swap_rotary_embedding` puts it
+  into a model after checking that it reproduces the module it replaces. Read from the model's config with
   :func:`~posenc.rope.hf_config.scaling_from_hf`, in transformers' arithmetic by default (cos/sin
   bit for bit), per layer type for Gemma-style configs, with three positions per token for
   multimodal RoPE, and with transformers' length-dependent state for ``dynamic`` and ``longrope``.
@@ -38,18 +39,49 @@ from posenc.rope.multimodal import mrope_cos_sin
 from posenc.rope.rotation import rope_cos_sin
 
 
+#: The forms of transformers' rotary modules' ``(cos, sin)``: ``"cat"`` (the ``R/2`` values twice,
+#: concatenated: most models), ``"interleave"`` (each value twice in a row) and ``"half"`` (the
+#: ``R/2`` values once).
+COS_SIN_FORMS = ("cat", "interleave", "half")
+
+#: The form of the model types whose rotary module does not return ``"cat"`` (read from their
+#: modelling code in transformers 5).
+COS_SIN_FORM_BY_MODEL_TYPE: dict[str, str] = {
+    "cohere": "interleave", "cohere2": "interleave", "cohere2_moe": "interleave", "gpt_oss": "half",
+}
+
+#: Model types whose rotary module returns complex ``freqs_cis`` (Llama 4, DeepSeek-V2), which
+#: :class:`HFRotaryEmbedding` does not produce: their configs are read by
+#: :func:`~posenc.rope.hf_config.scaling_from_hf`, but the module refuses them.
+COMPLEX_FREQS_MODEL_TYPES = ("deepseek_v2", "llama4", "llama4_text")
+
+
+def _model_type(config) -> Optional[str]:
+    whole = config.to_dict() if not isinstance(config, Mapping) and hasattr(config, "to_dict") else config
+    inner = whole.get("text_config") if isinstance(whole.get("text_config"), Mapping) else None
+    if inner is not None and inner.get("model_type") and not any(
+            whole.get(k) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters")):
+        return inner["model_type"]
+    return whole.get("model_type")
+
+
 class HFRotaryEmbedding(nn.Module):
     """A transformers model's rotary embedding, computed by posenc: a drop-in ``model.rotary_emb``.
+
+    :func:`swap_rotary_embedding` puts it into a model after checking that it reproduces the
+    model's own module.
 
     Args:
         config: the model's config (a transformers config object or ``config.json`` as a dict).
         arithmetic: ``"transformers"`` (default: the model's own cos/sin bit for bit) or ``"exact"``
             (:data:`~posenc.rope.frequencies.ARITHMETICS`).
+        form: the form of the returned cos/sin (:data:`COS_SIN_FORMS`); by default the model
+            type's (:data:`COS_SIN_FORM_BY_MODEL_TYPE`, else ``"cat"``).
 
     ``forward(x, position_ids, layer_type=None)``: ``x`` gives the dtype and device; ``position_ids``
     is ``(B, T)`` (``(3, B, T)`` or ``(B, T)`` for multimodal RoPE); ``layer_type`` picks the rope
     of a config with one per layer type (Gemma 3 passes it). Returns ``(cos, sin)``, each
-    ``(B, T, R)`` in ``x.dtype``.
+    ``(B, T, R)`` (``(B, T, R/2)`` in the ``"half"`` form) in ``x.dtype``.
 
     The ``dynamic`` scaling keeps transformers' state: the frequencies of the longest length seen so
     far, back to the original ones once a shorter sequence than the original length comes; LongRoPE
@@ -57,11 +89,22 @@ class HFRotaryEmbedding(nn.Module):
 
     Raises:
         ValueError: a config posenc cannot read (see :func:`~posenc.rope.hf_config.scaling_from_hf`),
-            one without a head size, an unknown ``layer_type``.
+            one without a head size, a model type with complex ``freqs_cis``, an unknown ``form``
+            or ``layer_type``.
     """
 
-    def __init__(self, config, *, arithmetic: str = "transformers"):
+    def __init__(self, config, *, arithmetic: str = "transformers", form: Optional[str] = None):
         super().__init__()
+        model_type = _model_type(config)
+        if model_type in COMPLEX_FREQS_MODEL_TYPES:
+            raise ValueError(
+                f"model_type {model_type!r} takes complex freqs_cis from its rotary module, which HFRotaryEmbedding "
+                "does not produce; read its rope with posenc.rope.scaling_from_hf and rotate with apply_rope"
+            )
+        form = COS_SIN_FORM_BY_MODEL_TYPE.get(model_type, "cat") if form is None else form
+        if form not in COS_SIN_FORMS:
+            raise ValueError(f"form must be one of {COS_SIN_FORMS}, got {form!r}")
+        self.form = form
         self.ropes = {t: r for t, r in scaling_by_layer_type(config).items() if r is not None}
         for layer_type, rope in self.ropes.items():
             if rope.rotary_dim is None:
@@ -90,7 +133,8 @@ class HFRotaryEmbedding(nn.Module):
 
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
         if layer_type is None:
-            if len(self.ropes) > 1 and len({tuple(r) + (str(r.mrope),) for r in self.ropes.values()}) > 1:
+            first = next(iter(self.ropes.values()))
+            if any(rope != first for rope in self.ropes.values()):
                 raise ValueError(f"the config has a rope per layer type ({sorted(self.ropes)}): pass layer_type")
             layer_type = next(iter(self.ropes))
         if layer_type not in self.ropes:
@@ -104,7 +148,54 @@ class HFRotaryEmbedding(nn.Module):
                                      attention_scale=scale, arithmetic=self.arithmetic)
         else:
             cos, sin = rope_cos_sin(position_ids.to(x.device), inv_freq.to(x.device), scale, arithmetic=self.arithmetic)
-        return torch.cat([cos, cos], -1).to(x.dtype), torch.cat([sin, sin], -1).to(x.dtype)  # (B, T, R) each
+        if self.form == "cat":
+            cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # (B, T, R) each
+        elif self.form == "interleave":
+            cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)  # (B, T, R) each
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def swap_rotary_embedding(model: nn.Module, *, arithmetic: str = "transformers", positions: int = 64) -> int:
+    """Replace every ``rotary_emb`` module of a transformers model by :class:`HFRotaryEmbedding`,
+    after checking that it reproduces the module it replaces.
+
+    The check runs both modules at positions ``0 .. positions - 1`` (within the original length, so
+    that no length-dependent state moves), for every layer type a module takes: equal bit for bit
+    in transformers' arithmetic, to ``1e-5`` in the exact one. Returns how many were replaced.
+
+    Raises:
+        ValueError: a module that posenc's does not reproduce (a cos/sin form or a config it does not
+            know), naming it and the difference; nothing is replaced then.
+    """
+    import inspect
+
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    found = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if name == "rotary_emb"]
+    swaps = []
+    for parent, name, original in found:
+        ours = HFRotaryEmbedding(text, arithmetic=arithmetic)
+        x = torch.zeros(1, dtype=torch.float32, device=next(original.buffers(), torch.zeros(1)).device)
+        ids = torch.arange(min(positions, getattr(text, "max_position_embeddings", positions)), device=x.device)[None]
+        takes_type = "layer_type" in inspect.signature(original.forward).parameters
+        for layer_type in (list(ours.ropes) if takes_type else [None]):
+            with torch.no_grad():
+                theirs = original(x, ids, layer_type) if takes_type else original(x, ids)
+                mine = ours(x, ids, layer_type)
+            gap = max((a.float() - b.float()).abs().max().item() if a.shape == b.shape else float("inf")
+                      for a, b in zip(mine, theirs))
+            if gap > (0.0 if arithmetic == "transformers" else 1e-5):
+                raise ValueError(
+                    f"posenc's HFRotaryEmbedding does not reproduce {type(original).__name__}"
+                    + (f" for layer type {layer_type!r}" if layer_type else "")
+                    + f" (largest difference {gap:.3g}; shapes {tuple(mine[0].shape)} and {tuple(theirs[0].shape)}): "
+                    "its cos/sin form or its config is one posenc does not know; nothing was replaced"
+                )
+        swaps.append((parent, name, ours.to(x.device)))
+    for parent, name, ours in swaps:
+        setattr(parent, name, ours)
+    return len(swaps)
 
 
 def attention_forward(

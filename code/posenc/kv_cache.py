@@ -123,7 +123,8 @@ class KVCache:
 
         Raises:
             ValueError: no open step (call :meth:`reserve` first), a layer outside ``0 .. n_layer-1``
-                or written twice in the step, or shapes that do not match the cache and the step.
+                or written twice in the step, or shapes or dtypes that do not match the cache and the
+                step.
         """
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layer:
             raise ValueError(f"layer must be an int in 0..{self.n_layer - 1}, got {layer!r}")
@@ -136,6 +137,11 @@ class KVCache:
             raise ValueError(
                 f"k/v of shapes {tuple(k.shape)}/{tuple(v.shape)} do not fit a cache of (B, H, D) = "
                 f"{(self.k.shape[1], self.k.shape[2], self.k.shape[4])}"
+            )
+        if k.dtype != self.k.dtype or v.dtype != self.k.dtype:
+            raise ValueError(
+                f"k/v of dtype {k.dtype}/{v.dtype} do not match the cache's {self.k.dtype} (it would convert them "
+                "silently); build the cache with the model's dtype"
             )
         if T != self._step:
             raise ValueError(f"k/v hold T={T} new tokens but the step reserved {self._step}")

@@ -382,7 +382,8 @@ def longrope_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Opti
             )
     if p["factor"] is None and p["attention_factor"] is None:
         raise ValueError("a 'longrope' scaling needs 'factor' (for the attention scale) or 'attention_factor'")
-    factor = None if p["factor"] is None else _factor(p, "longrope")
+    # a factor below 1 (a model shorter than its original length) only sets the attention scale to 1
+    factor = None if p["factor"] is None else _real(p, "longrope", "factor")
     n = _need_seq_len(seq_len, "longrope")
     rescale = torch.tensor(p["long_factor"] if n > L else p["short_factor"], dtype=torch.float64)  # (D/2,)
     inv_freq = _scaled(default_inv_freq(head_dim, base, {}, None, "cpu")[0], rescale, device)
@@ -487,6 +488,16 @@ def _fp32_longrope(head_dim, base, p, seq_len):
     return 1.0 / (torch.tensor(rescale, dtype=torch.float32) * base**shape)
 
 
+def _fp32_dynamic(head_dim, base, p, seq_len):
+    # transformers' dynamic update passes the length as a tensor: the new base is computed in fp32
+    L, factor = p["original_max_position_embeddings"], p["factor"]
+    if seq_len <= L:
+        return _fp32_theta(head_dim, base)[1]
+    n = torch.tensor(seq_len)  # int64, as torch.max(position_ids) + 1
+    new_base = base * ((factor * n / L) - (factor - 1)) ** (head_dim / (head_dim - 2))  # fp32 0-d tensor
+    return 1.0 / (new_base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
 def _fp32_proportional(head_dim, base, p, seq_len):
     rotated = int(p["proportion"] * head_dim // 2)
     inv_freq = _fp32_theta(head_dim, base)[1]
@@ -494,10 +505,11 @@ def _fp32_proportional(head_dim, base, p, seq_len):
     return inv_freq / p["factor"]
 
 
-#: The scalings whose exact and fp32 arithmetic differ (the others compute one fp32 power either way),
-#: with the keys and defaults their fp32 form reads.
+#: The scalings whose exact and fp32 arithmetic differ (the others compute one fp32 power of a
+#: double base either way), with the keys and defaults their fp32 form reads.
 _FP32 = {
     "linear": (_fp32_linear, ("factor",), {}),
+    "dynamic": (_fp32_dynamic, ("factor", "original_max_position_embeddings"), {}),
     "yarn": (_fp32_yarn, ("factor", "original_max_position_embeddings"),
              {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
               "mscale_all_dim": None}),

@@ -105,9 +105,10 @@ class HFRope(_HFRopeFields):
 #: models built on it read the config's ``rope_interleave`` (:data:`ROPE_INTERLEAVE_DEFAULT`).
 LAYOUT_BY_MODEL_TYPE: dict[str, str] = {
     **dict.fromkeys(
-        ("llama", "mistral", "mixtral", "qwen2", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl",
-         "qwen3_vl_text", "gemma", "gemma2", "gemma3", "gemma3_text", "phi", "phi3", "gpt_neox", "olmo", "olmo2",
-         "stablelm", "falcon", "starcoder2", "smollm3", "granite", "gpt_oss", "glm4_moe", "internlm2"), "half"),
+        ("llama", "mistral", "mixtral", "qwen2", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text",
+         "qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_text", "gemma", "gemma2", "gemma3", "gemma3_text",
+         "phi", "phi3", "gpt_neox", "olmo", "olmo2", "stablelm", "falcon", "starcoder2", "smollm3", "granite",
+         "gpt_oss", "glm4_moe", "internlm2"), "half"),
     **dict.fromkeys(
         ("gptj", "codegen", "cohere", "cohere2", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe", "deepseek_v2",
          "llama4", "llama4_text"), "interleaved"),
@@ -345,11 +346,10 @@ def scaling_from_hf(
     * ``original_max_position_embeddings`` (``yarn``, ``llama3``, ``longrope``): in the rope dict or
       the config (Phi-3 keeps it there), default ``max_position_embeddings``.
     * ``dynamic``: the original length is ``max_position_embeddings`` (required).
-    * ``yarn``: ``factor`` may be ``null``, and is then ``max_position_embeddings / original``;
-      optional ``beta_fast`` (32), ``beta_slow`` (1), ``truncate`` (true), ``attention_factor``,
-      ``mscale`` and ``mscale_all_dim`` (DeepSeek: both, or neither).
     * ``yarn``: ``factor`` is required; set to ``null`` it is ``max_position_embeddings / original``
-      (DeepSeek's form; transformers does the same and raises for a missing one).
+      (transformers does the same, and raises for a missing one); optional ``beta_fast`` (32),
+      ``beta_slow`` (1), ``truncate`` (true), ``attention_factor``, ``mscale`` and
+      ``mscale_all_dim`` (DeepSeek: both, or neither).
     * ``longrope``: ``factor``, if absent, is ``max_position_embeddings / original`` (it only sets
       the attention scale); ``attention_factor`` optional.
     * ``proportional``: ``partial_rotary_factor`` is the share of pairs that rotate, not the

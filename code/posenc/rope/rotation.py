@@ -113,7 +113,7 @@ def _check_apply_args(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
             f"cos/sin of shape {tuple(cos.shape)} do not broadcast to x's {tuple(xlead)} + (R/2,) "
             f"(x has shape {tuple(x.shape)})"
         )
-    if 2 * half < D and not torch.compiler.is_compiling() and _repeats_itself(cos, sin):
+    if not torch.compiler.is_compiling() and _repeats_itself(cos, sin, whole=2 * half == D):
         raise ValueError(
             f"cos/sin of width {half} repeat themselves (two equal halves, or equal neighbours): the full-width "
             f"form of Hugging Face's rotary embedding, which would rotate {2 * half} of x's {D} dims instead of "
@@ -123,20 +123,26 @@ def _check_apply_args(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
     return half
 
 
-def _repeats_itself(cos: Tensor, sin: Tensor) -> bool:
+def _repeats_itself(cos: Tensor, sin: Tensor, whole: bool = False) -> bool:
     """Whether ``cos``/``sin`` (``(..., R/2)``) are a full-width table: halves or neighbours equal.
 
     Hugging Face models build ``cos = cat([c, c], -1)`` (or ``repeat_interleave(c, 2, -1)``) of width
-    ``R``; posenc takes ``c`` alone. A table whose angles are all zero is the identity at any width
-    and is never refused.
+    ``R``; posenc takes ``c`` alone. Every row of a full-width table repeats itself and no row of a
+    1-D RoPE table does, so one row decides; with ``whole`` (a table as wide as full rotary, where
+    axial 2-D RoPE's rows repeat for patches on the diagonal) every row must repeat, and a single
+    row is not judged. A table whose angles are all zero is the identity at any width and is never
+    refused.
     """
     h = cos.shape[-1]
-    if h % 2 or cos.numel() == 0:
+    if h % 2 or cos.numel() == 0 or (whole and cos.numel() == h):  # one row at full width: ambiguous
         return False
-    if bool((sin == 0).all()) and bool((cos == 1).all()):
-        return False
-    halves = torch.equal(cos[..., : h // 2], cos[..., h // 2 :]) and torch.equal(sin[..., : h // 2], sin[..., h // 2 :])
-    pairs = torch.equal(cos[..., 0::2], cos[..., 1::2]) and torch.equal(sin[..., 0::2], sin[..., 1::2])
+    c, s = (cos, sin) if whole else (cos.reshape(-1, h)[-1], sin.reshape(-1, h)[-1])
+    if bool((s == 0).all()) and bool((c == 1).all()):
+        c, s = cos, sin
+        if bool((s == 0).all()) and bool((c == 1).all()):
+            return False
+    halves = torch.equal(c[..., : h // 2], c[..., h // 2 :]) and torch.equal(s[..., : h // 2], s[..., h // 2 :])
+    pairs = torch.equal(c[..., 0::2], c[..., 1::2]) and torch.equal(s[..., 0::2], s[..., 1::2])
     return halves or pairs
 
 
@@ -221,7 +227,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
     Args:
         x: ``(..., T, D)`` queries or keys, e.g. ``(B, H, T, D)``; any float dtype.
         cos, sin: ``(..., T, R/2)`` from :func:`rope_cos_sin`, broadcastable to ``x[..., :R/2]``
-            (e.g. ``(T, R/2)`` or ``(B, 1, T, R/2)``).
+            (e.g. ``(T, R/2)``, or ``(B, 1, T, R/2)`` for positions per batch row: a ``(B, T, R/2)``
+            table would broadcast its batch against the heads).
         layout: ``"half"`` (pairs ``(i, i + R/2)``) or ``"interleaved"`` (pairs ``(2i, 2i + 1)``).
         backend: ``"eager"`` (:func:`apply_rope_eager`), ``"compiled"`` (the same function under
             ``torch.compile``: one fused pass over ``x``, falling back to eager with a
@@ -239,9 +246,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
     Raises:
         TypeError: non-float tensors.
         ValueError: unknown layout or backend, odd ``D``, ``R > D``, shapes that do not broadcast;
-            ``backend="triton"`` for arguments the kernel cannot take (e.g. CPU tensors); for
-            partial rotary (``R < D``), cos/sin in Hugging Face's full width (two equal halves or
-            equal neighbours, which would rotate twice the dims; not checked inside torch.compile).
+            ``backend="triton"`` for arguments the kernel cannot take (e.g. CPU tensors); cos/sin
+            in Hugging Face's full width (two equal halves or
+            equal neighbours, which would rotate twice the dims, also where ``R = D/2`` makes the
+            shapes look like full rotary (there a table of two or more rows that all repeat is
+            refused, and a single row is not judged: axial 2-D RoPE of patches on the diagonal has
+            that form; rotate such a table with :func:`apply_rope_eager`); not checked inside
+            torch.compile).
     """
     if backend not in APPLY_BACKENDS:
         raise ValueError(f"backend must be one of {APPLY_BACKENDS}, got {backend!r}")
