@@ -309,3 +309,22 @@ def test_attention_reach_values_and_bad_input():
         attention_reach(torch.tensor([0.5, 0.0]), 10)
     with pytest.raises(ValueError, match="context must be an int >= 1"):
         attention_reach(alibi_slopes(4), 0)
+
+
+def test_alibi_builds_on_the_meta_device():
+    # deferred (FSDP-style) initialisation: the slopes are computed when the module leaves the meta device
+    from posenc.alibi import ALiBi
+
+    with torch.device("meta"):
+        method = ALiBi(12)
+    assert method.slopes.is_meta
+    method.to_empty(device="cpu")
+    assert torch.equal(method.slopes, ALiBi(12).slopes)
+
+
+def test_a_bias_for_another_head_count_is_named():
+    from posenc.alibi import ALiBi
+    from posenc.attention import SelfAttention
+
+    with pytest.raises(ValueError, match="ALiBi gives a bias for 8 heads but this layer has n_head=4"):
+        SelfAttention(32, 4)(torch.randn(1, 5, 32), torch.arange(5), ALiBi(8))

@@ -585,3 +585,19 @@ def test_grouped_query_heads_must_divide():
     _, k, v = qkv(B=1, H=4, T=3, S=3)
     with pytest.raises(ValueError, match="k and v on H, which divides q's H"):
         attention(q, k, v)
+
+
+def test_flex_sends_a_decoding_step_to_sdpa(monkeypatch):
+    # one query per step against a growing cache would compile flex once per key length
+    import importlib
+
+    att = importlib.import_module("posenc.attention")  # the module (posenc.attention is also the function)
+    calls = []
+    monkeypatch.setattr(att, "_flex_attention", lambda *a: calls.append(a) or (_ for _ in ()).throw(AssertionError))
+    q, k, v = qkv(B=1, H=2, T=1, S=9, D=32)
+    fn = lambda b, h, qi, ki: (ki - qi - 8).to(torch.float64) * 0.1  # noqa: E731
+    with torch.no_grad():
+        got = attention(q, k, v, bias_fn=fn, causal=True, backend="flex")
+    want = attention(q, k, v, bias=att.materialize_bias(fn, 1, 2, 1, 9), causal=True, backend="reference")
+    torch.testing.assert_close(got, want, **TOL[torch.float64])
+    assert not calls

@@ -270,3 +270,14 @@ def test_dynamic_scaling_follows_transformers_bit_for_bit_as_the_length_grows():
         ids = torch.arange(n)[None]
         for a, b in zip(ours(torch.zeros(1), ids), theirs(torch.zeros(1), ids)):
             assert torch.equal(a, b), n
+
+
+def test_longt5_block_attention_is_refused_by_the_t5_bias_swap():
+    from transformers import LongT5Config, LongT5ForConditionalGeneration
+
+    from posenc.hf import use_posenc_t5_bias
+
+    model = LongT5ForConditionalGeneration(LongT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
+                                                        vocab_size=101, encoder_attention_type="local"))
+    with pytest.raises(ValueError, match="compute_bias takes .*block_length.*nothing was changed"):
+        use_posenc_t5_bias(model)

@@ -134,8 +134,9 @@ def test_a_step_cannot_be_skipped_or_written_twice():
     assert k_all.shape == (1, 2, 1, 4) and cache.length == 1 and not cache.in_step
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         cache.reserve(torch.tensor([1.0]))
-    with pytest.raises(ValueError, match=r"positions must be a non-empty 1-D tensor \(T,\), got shape \(1, 1\)"):
-        cache.reserve(torch.tensor([[1]]))
+    with pytest.raises(ValueError, match=r"positions must be a non-empty \(T,\) or, per batch row, \(1, T\) tensor; "
+                       r"got shape \(1, 1, 1\)"):
+        cache.reserve(torch.tensor([[[1]]]))
 
 
 def test_an_error_inside_a_layer_leaves_the_cache_usable():
@@ -156,3 +157,29 @@ def test_a_cache_refuses_keys_of_another_dtype():
     k = torch.ones(1, 2, 1, 8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="do not match the cache's torch.float32"):
         cache.update(0, k, k)
+
+
+def test_a_left_padded_batch_decodes_with_positions_per_row():
+    # row 1 is left-padded by two: its positions count from its first real token, per row through the
+    # cache; every real token's logits equal those of the row run alone without padding
+    model, _, _ = _rope_model_ids_cache(n_layer=2, T=1, seed=0)
+    ids = torch.randint(0, 30, (2, 7), generator=torch.Generator().manual_seed(4))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :2] = True
+    positions = ((~pad).long().cumsum(-1) - 1).clamp(min=0)  # (B, T): row 1 is 0, 0, 0, 1, 2, 3, 4
+    cache = cache_for(model, batch=2)
+    outs = []
+    with torch.no_grad():
+        for lo, hi in [(0, 3), (3, 4), (4, 5), (5, 7)]:  # a prefill of three tokens, then decoding
+            p = positions[:, lo:hi]
+            key_positions = cache.reserve(p)  # (B, S)
+            x = model.tok(ids[:, lo:hi])
+            for layer, block in enumerate(model.blocks):
+                x, _ = block(x, p, model.position, layer, pad[:, :hi], False, cache, key_positions)
+            outs.append(model.head(model.ln_f(x)))
+        got = torch.cat(outs, dim=1)
+        assert cache.row_positions[1, :7].tolist() == positions[1].tolist()
+        torch.testing.assert_close(got[0], model(ids[:1])[0], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got[1, 2:], model(ids[1:, 2:])[0], atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"positions must be a non-empty \(T,\) or, per batch row, \(2, T\)"):
+        cache.reserve(torch.zeros(3, 1, dtype=torch.long))

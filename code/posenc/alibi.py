@@ -276,19 +276,26 @@ class ALiBi(RelativeScalarBias):
         super().__init__()
         if not isinstance(symmetric, bool):
             raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
-        base = alibi_slopes(num_heads) if slopes is None else slopes
+        ambient = torch.empty(0).device  # the meta device under deferred initialisation
+        with torch.device("cpu"):
+            base = alibi_slopes(num_heads) if slopes is None else slopes
         if not isinstance(base, Tensor) or not base.dtype.is_floating_point or tuple(base.shape) != (num_heads,):
             raise ValueError(
                 f"slopes must be a float tensor of shape (num_heads,) = ({num_heads},), got "
                 f"{getattr(base, 'dtype', type(base).__name__)} {tuple(getattr(base, 'shape', ()))}"
             )
         self.num_heads, self.symmetric, self.placement, self.head_dim = num_heads, symmetric, placement, head_dim
+        if base.is_meta:
+            raise ValueError("slopes must hold values (they are on the meta device); give them on a real device")
         self._base = base.detach().double().cpu()  # kept to rebuild the buffer in fp32 after casts
-        self.register_buffer("slopes", effective_slopes(self._base, placement, head_dim), persistent=False)  # (H,)
+        buffer = effective_slopes(self._base, placement, head_dim)  # (H,)
+        self.register_buffer("slopes", buffer.to("meta") if ambient.type == "meta" else buffer, persistent=False)
 
     def _apply(self, fn, recurse=True):
+        was_meta = self.slopes.is_meta
         super()._apply(fn, recurse)
-        if self.slopes.dtype != torch.float32:  # a model-wide cast: rebuild, never round
+        # a model-wide cast: rebuild, never round; leaving the meta device (to_empty): compute the values
+        if self.slopes.dtype != torch.float32 or (was_meta and not self.slopes.is_meta):
             device = self.slopes.device
             self.slopes = effective_slopes(self._base, self.placement, self.head_dim).to(device)
         return self

@@ -10,9 +10,10 @@ backends that give the same numbers:
 * ``"flex"``: ``torch.nn.attention.flex_attention`` (compiled). A bias that depends only on
   ``(batch, head, query index, key index)`` is given as a function ``bias_fn`` and evaluated
   inside the kernel, so no ``T x S`` tensor is ever built; causal and padding masks become a block
-  mask whose size is ``O(T S / 128²)``. Where flex cannot run (no backward on the CPU, head dims
-  below 32 on the CPU, a platform without it, a failed compile) it falls back to ``"sdpa"`` with a
-  ``RuntimeWarning`` that says why.
+  mask whose size is ``O(T S / 128²)``. A single query (a decoding step) goes to ``"sdpa"``: its
+  bias is one row of ``S``, and flex would compile once per key length. Where flex cannot run (no
+  backward on the CPU, head dims below 32 on the CPU, a platform without it, a failed compile, its
+  recompile limit) it falls back to ``"sdpa"`` with a ``RuntimeWarning`` that says why.
 
 A bias function has the signature ``bias_fn(b, h, q_idx, kv_idx) -> bias`` with integer tensor
 arguments (FlexAttention's ``score_mod`` without the score); it must be written with indexing and
@@ -38,6 +39,10 @@ BACKENDS = ("reference", "sdpa", "flex")
 
 #: ``bias_fn(b, h, q_idx, kv_idx) -> bias``: an additive logit bias as a function of indices.
 BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+#: How many compiled variants (shapes, dtypes, bias functions) a compiled kernel of posenc may have
+#: before a new one falls back, with a warning, to an uncompiled path (torch's default is 8).
+RECOMPILE_LIMIT = 64
 
 #: Tile size of FlexAttention's block mask (its default ``BLOCK_SIZE``).
 FLEX_BLOCK = 128
@@ -383,11 +388,16 @@ def attention(
     B, H, T, D = q.shape
     S = k.shape[2]
     scale = D**-0.5 if scale is None else float(scale)
+    if backend == "flex" and T == 1:  # one query (a decoding step): its bias row is S numbers, no T x S tensor
+        backend = "sdpa"
     if backend == "flex":
         reason = _flex_unavailable_reason(q, k, v)
         if reason is None:
+            # flex compiles once per shape (dynamic shapes fail to build on the CPU): allow many shapes, and past
+            # the limit, where flex would run uncompiled (the whole T x S matrix), raise instead, warned below
             try:
-                return _flex_attention(q, k, v, bias, bias_fn, causal, key_padding_mask, scale)
+                with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=RECOMPILE_LIMIT):
+                    return _flex_attention(q, k, v, bias, bias_fn, causal, key_padding_mask, scale)
             except Exception as err:  # a failed compile must not pass silently: warn, then compute the same numbers
                 reason = f"flex_attention raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         _flex_fallback_warning(reason)
@@ -617,6 +627,11 @@ class SelfAttention(nn.Module):
         backend = "reference" if want_weights else self.backend
         bias_fn = method.attention_bias_fn(q, k, positions, k_positions, layer) if backend == "flex" else None
         bias = method.attention_bias(q, k, positions, k_positions, layer) if bias_fn is None else None
+        if bias is not None and bias.dim() == 4 and bias.shape[1] not in (1, self.n_head):
+            raise ValueError(
+                f"{type(method).__name__} gives a bias for {bias.shape[1]} heads but this layer has n_head={self.n_head}; "
+                "build the method with num_heads equal to the layer's"
+            )
         result = attention(
             q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
             attention_mask=attention_mask,

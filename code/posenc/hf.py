@@ -161,7 +161,9 @@ def swap_rotary_embedding(model: nn.Module, *, arithmetic: str = "transformers",
 
     The check runs both modules at positions ``0 .. positions - 1`` (within the original length, so
     that no length-dependent state moves), for every layer type a module takes: equal bit for bit
-    in transformers' arithmetic, to ``1e-5`` in the exact one. Returns how many were replaced.
+    in transformers' arithmetic, to ``1e-5`` in the exact one. Returns how many were replaced. Swap
+    before the model's first forward: a dynamic-NTK module that has already run past its original
+    length keeps the frequencies of that length, which a fresh module does not reproduce (refused).
 
     Raises:
         ValueError: a module that posenc's does not reproduce (a cos/sin form or a config it does not
@@ -295,10 +297,22 @@ def t5_compute_bias(module: nn.Module, query_length: int, key_length: int, devic
 
 def use_posenc_t5_bias(model: nn.Module) -> int:
     """Make every T5 attention module with a bias table compute it with :func:`t5_compute_bias`;
-    returns how many were changed."""
-    changed = 0
-    for module in model.modules():
-        if getattr(module, "has_relative_attention_bias", False):
-            module.compute_bias = types.MethodType(t5_compute_bias, module)
-            changed += 1
-    return changed
+    returns how many were changed.
+
+    Raises:
+        ValueError: a module whose ``compute_bias`` is not T5's ``(query_length, key_length, ...)``
+            (LongT5's local and transient-global attention take a block length); nothing is changed.
+    """
+    import inspect
+
+    modules = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
+    for module in modules:
+        params = list(inspect.signature(module.compute_bias).parameters)
+        if params[:2] != ["query_length", "key_length"]:
+            raise ValueError(
+                f"{type(module).__name__}.compute_bias takes {params}, not T5's (query_length, key_length, ...): "
+                "posenc's T5 bias does not replace it; nothing was changed"
+            )
+    for module in modules:
+        module.compute_bias = types.MethodType(t5_compute_bias, module)
+    return len(modules)

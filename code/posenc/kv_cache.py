@@ -47,7 +47,9 @@ class KVCache:
 
     Attributes:
         k, v: ``(n_layer, B, H, max_len, D)`` buffers; slots ``0 .. length-1`` are filled.
-        positions: ``(max_len,)`` int64 positions of the cached tokens.
+        positions: ``(max_len,)`` int64 positions of the cached tokens, shared by every row.
+        row_positions: ``None``, or ``(B, max_len)`` int64 positions per batch row once a step has
+            given them per row (a left-padded batch: each row counts its positions after its padding).
         length: number of cached tokens (those of finished steps).
 
     Raises:
@@ -72,6 +74,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.positions = torch.zeros(max_len, dtype=torch.long, device=device)
+        self.row_positions: Optional[Tensor] = None
         self.length = 0
         self.max_len = max_len
         self.n_layer = n_layer
@@ -84,34 +87,47 @@ class KVCache:
         return self._step is not None
 
     def reserve(self, positions: Tensor) -> Tensor:
-        """Open a step: record the positions of ``T`` new tokens; return all ``(S,)`` key positions.
+        """Open a step: record the positions of ``T`` new tokens; return the positions of all keys.
 
-        ``S = length + T``: the cached tokens' positions followed by ``positions``.
+        ``positions`` is ``(T,)`` (the same in every row) or ``(B, T)`` (per batch row, for the
+        position methods that take them: RoPE, ALiBi, T5). Returns ``(S,)``, ``S = length + T``: the
+        cached tokens' positions followed by the new ones; ``(B, S)`` once any step has given
+        positions per row (:attr:`row_positions`).
 
         Raises:
             TypeError: ``positions`` that is not an integer tensor.
-            ValueError: ``positions`` that is not 1-D or is empty, new tokens that do not fit in the
-                cache, or a step still open (a layer of the previous step has not written).
+            ValueError: ``positions`` that is not ``(T,)`` or ``(B, T)`` or is empty, new tokens that
+                do not fit in the cache, or a step still open (a layer of the previous step has not
+                written).
         """
         if not isinstance(positions, Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
             raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
-        if positions.dim() != 1 or positions.numel() == 0:
-            raise ValueError(f"positions must be a non-empty 1-D tensor (T,), got shape {tuple(positions.shape)}")
+        B = self.k.shape[1]
+        if positions.numel() == 0 or not (positions.dim() == 1 or (positions.dim() == 2 and positions.shape[0] == B)):
+            raise ValueError(
+                f"positions must be a non-empty (T,) or, per batch row, ({B}, T) tensor; got shape {tuple(positions.shape)}"
+            )
         if self._step is not None:
             missing = sorted(set(range(self.n_layer)) - self._written)
             raise ValueError(
                 f"the previous step ({self._step} tokens) is still open: layers {missing} of {self.n_layer} have not "
                 "written their keys with update(); write them, or call cancel_step() to drop the step"
             )
-        T = positions.numel()
+        T = positions.shape[-1]
         if self.length + T > self.max_len:
             raise ValueError(
                 f"KV cache is full: it holds {self.length} of max_len={self.max_len} tokens and "
                 f"cannot take {T} more; build a larger cache"
             )
-        self.positions[self.length : self.length + T] = positions.to(self.positions.device)
+        end = self.length + T
+        if positions.dim() == 2 and self.row_positions is None:  # from now on per row, the shared ones copied
+            self.row_positions = self.positions.expand(B, -1).clone()
+        if self.row_positions is not None:
+            self.row_positions[:, self.length : end] = positions.to(self.positions.device)  # (T,) broadcasts
+        else:
+            self.positions[self.length : end] = positions.to(self.positions.device)
         self._step, self._written = T, set()
-        return self.positions[: self.length + T]
+        return self.positions[:end] if self.row_positions is None else self.row_positions[:, :end]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store layer ``layer``'s keys/values ``(B, H, T, D)`` of the open step after the cached ones.
@@ -162,8 +178,8 @@ class KVCache:
         self._step, self._written = None, set()
 
     def reset(self) -> None:
-        """Forget every cached token and any open step (the buffers are kept)."""
-        self.length, self._step, self._written = 0, None, set()
+        """Forget every cached token, any open step and positions per row (the buffers are kept)."""
+        self.length, self._step, self._written, self.row_positions = 0, None, set(), None
 
     def nbytes(self) -> int:
         """Memory held by the key and value buffers, in bytes."""

@@ -436,8 +436,9 @@ ROPE_SCALINGS: dict[str, Callable] = {
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 #: The two arithmetics of :func:`inverse_frequencies` and :func:`~posenc.rope.rotation.rope_cos_sin`:
-#: ``"exact"`` (a scaling applied in fp64 and rounded once; angles past
-#: :data:`~posenc.rope.rotation.FP64_ANGLES_FROM` in fp64) and ``"transformers"`` (every step in
+#: ``"exact"`` (a scaling applied in fp64 to the reference fp32 ``θ_i`` and rounded once; angles past
+#: :data:`~posenc.rope.rotation.FP64_ANGLES_FROM` in fp64: no rounding beyond the checkpoint's own
+#: fp32 ``θ_i`` and the fp32 frequencies, a few 1e-7 relative) and ``"transformers"`` (every step in
 #: fp32, in the order of ``transformers.modeling_rope_utils``: what checkpoints were trained and
 #: are run with, bit for bit).
 ARITHMETICS = ("exact", "transformers")

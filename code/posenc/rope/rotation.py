@@ -185,9 +185,10 @@ COMPILE_MIN_NUMEL = 1 << 20
 
 APPLY_BACKENDS = ("auto", "eager", "compiled", "triton")
 
-#: One compiled function per variant of the arguments (layout, dtypes, ranks, widths, device type),
-#: each with its own cache of compiled graphs: variants never compete for torch.compile's recompile
-#: limit, past which it would run the function eagerly without a word.
+#: One compiled function per variant of the arguments (layout, dtypes, ranks, widths, device type).
+#: torch.compile runs a function eagerly without a word past its recompile limit (8 by default);
+#: posenc raises the limit to 64 for these calls and makes hitting it an error, which
+#: :func:`_apply_compiled` reports with a warning and answers eagerly for that variant.
 _compiled: dict[tuple, Callable] = {}
 #: Variants whose compile failed (or hit the recompile limit), with the reason: eager from then on.
 _compile_failed: dict[tuple, str] = {}
@@ -204,7 +205,8 @@ def _apply_compiled(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
         if key not in _compiled:
             _compiled[key] = torch.compile(functools.partial(apply_rope_eager, layout=layout))
         try:
-            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # never fall back silently
+            # never fall back silently (past the limit torch would run the function uncompiled)
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=64):
                 return _compiled[key](x, cos, sin)
         except Exception as err:  # no compiler, unsupported platform, the recompile limit: say so once
             _compile_failed[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
