@@ -83,7 +83,7 @@ class KVCache:
 
     @property
     def in_step(self) -> bool:
-        """Whether a step is open: reserved, and not yet written by every layer."""
+        """``True`` while a step is open (reserved, and not yet written by every layer)."""
         return self._step is not None
 
     def reserve(self, positions: Tensor) -> Tensor:

@@ -43,7 +43,9 @@ _MROPE = ("mrope_section", "mrope_interleaved")
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_freq")
 
 
-class _HFRopeFields(NamedTuple):
+class HFRopeFields(NamedTuple):
+    """The three fields :class:`HFRope` unpacks as."""
+
     #: ``rope_theta``: the ``base`` of :func:`~posenc.rope.frequencies.inverse_frequencies`.
     base: float
     #: ``None`` (plain RoPE) or the ``scaling`` mapping of
@@ -58,7 +60,7 @@ class _HFRopeFields(NamedTuple):
     rotary_dim: Optional[int]
 
 
-class HFRope(_HFRopeFields):
+class HFRope(HFRopeFields):
     """RoPE as a Hugging Face config states it, in the arguments posenc takes.
 
     It unpacks as ``base, scaling, rotary_dim``. Two attributes say how the model applies it:
@@ -74,8 +76,8 @@ class HFRope(_HFRopeFields):
     mrope: Optional[dict]
     #: ``"half"`` or ``"interleaved"``: the ``layout`` argument of
     #: :func:`~posenc.rope.rotation.apply_rope` that rotates the pairs the model's code rotates
-    #: (:data:`LAYOUT_BY_MODEL_TYPE`); ``None`` where posenc does not know the model type (check the
-    #: model's code: transformers' ``rotate_half`` is ``"half"``).
+    #: (:data:`~posenc.rope.hf_config.LAYOUT_BY_MODEL_TYPE`); ``None`` where posenc does not know the
+    #: model type (check the model's code: transformers' ``rotate_half`` is ``"half"``).
     layout: Optional[str]
 
     def __new__(cls, base: float, scaling: Optional[dict], rotary_dim: Optional[int], mrope: Optional[dict] = None,
