@@ -1,7 +1,8 @@
 """Time of applying RoPE to one query (or key) tensor, against the common eager formulation and a copy.
 
-For both layouts, float32 and bfloat16, a prefill shape ``(1, 32, 2048, 128)`` and a decode shape
-``(1, 32, 1, 128)`` whose cos/sin row is read from a 32768-position cache (position 32767), compares:
+For both layouts and every dtype asked for (float32, bfloat16 and float16 by default), a prefill shape
+``(1, 32, 2048, 128)`` and a decode shape ``(8, 32, 1, 128)`` (eight sequences, one new token each)
+whose cos/sin row is read from a 32768-position cache (position 32767), compares:
 
 * ``copy``: ``x.clone()``, the physical floor (RoPE reads ``x`` once and writes a new tensor once);
 * ``copy into existing``: ``out.copy_(x)``, the same traffic without allocating the result (on the
@@ -369,7 +370,7 @@ def main() -> None:
                         help="'single': one tensor, two shapes (the CPU default); 'qk': q and k of a layer over "
                              "lengths, dtypes, layouts and head counts, with GPU times (the CUDA default)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1, 2048, 8192, 32768], help="qk suite: T (1 = decode)")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "float16"], help="dtypes of x")
     parser.add_argument("--layouts", nargs="+", default=["half", "interleaved"])
     parser.add_argument("--heads", type=lambda s: tuple(int(v) for v in s.split("/")), nargs="+",
                         default=[(32, 32), (32, 8)], help="qk suite: query/key heads, e.g. 32/32 (MHA) 32/8 (GQA)")
@@ -395,10 +396,10 @@ def main() -> None:
     cuda_cols = (" kernel µs | kernel bandwidth, % of copy |", " --- | --- |") if device.type == "cuda" else ("", "")
     print("| shape | dtype | layout | impl | ms | GB/s | × copy | speed-up vs hf | vs hf compiled |" + cuda_cols[0])
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |" + cuda_cols[1])
-    for shape, start in [((1, 32, 2048, 128), 0), ((1, 32, 1, 128), 32767)]:
+    for shape, start in [((1, 32, 2048, 128), 0), ((8, 32, 1, 128), 32767)]:
         T = shape[2]
         cos, sin = rope.cos_sin(torch.arange(start, start + T, device=device))  # (T, 64) fp32
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in [getattr(torch, d) for d in args.dtypes]:
             x = torch.randn(shape, device=device).to(dtype)
             reps = args.repeats if T > 1 else 10 * args.repeats
             for layout in ("half", "interleaved"):
