@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from posenc.alibi import alibi_slopes
 from posenc.attention import attention
 from posenc.relative.t5 import t5_bias
-from posenc.rope.frequencies import LENGTH_DEPENDENT, inverse_frequencies
+from posenc.rope.frequencies import ARITHMETICS, LENGTH_DEPENDENT, inverse_frequencies
 from posenc.rope.hf_config import scaling_by_layer_type
 from posenc.rope.multimodal import mrope_cos_sin
 from posenc.rope.rotation import rope_cos_sin
@@ -109,13 +109,13 @@ class HFRotaryEmbedding(nn.Module):
         for layer_type, rope in self.ropes.items():
             if rope.rotary_dim is None:
                 raise ValueError(f"the config gives no head size for {layer_type!r}: pass the whole config")
+        if arithmetic not in ARITHMETICS:
+            raise ValueError(f"arithmetic must be one of {ARITHMETICS}, got {arithmetic!r}")
         self.arithmetic = arithmetic
-        whole = config.to_dict() if not isinstance(config, Mapping) and hasattr(config, "to_dict") else config
-        inner = whole.get("text_config") if isinstance(whole.get("text_config"), Mapping) else whole
-        self.max_position_embeddings = inner.get("max_position_embeddings", whole.get("max_position_embeddings"))
         self._longest = {t: None for t in self.ropes}  # dynamic: the length whose frequencies are in use
+        self._memo: dict[str, tuple] = {}  # layer type -> ((length or None, device), inv_freq, attention scale)
 
-    def _frequencies(self, layer_type: str, seq_len: int) -> tuple[Tensor, float]:
+    def _frequencies(self, layer_type: str, seq_len: int, device: torch.device) -> tuple[Tensor, float]:
         rope = self.ropes[layer_type]
         rope_type = (rope.scaling or {}).get("rope_type", "default")
         if rope_type == "dynamic":  # transformers' dynamic_rope_update: grow with the longest length, reset below L
@@ -127,9 +127,18 @@ class HFRotaryEmbedding(nn.Module):
                 longest = original
             self._longest[layer_type] = longest
             seq_len = longest
-        elif rope_type not in LENGTH_DEPENDENT:
+        elif rope_type == "longrope":  # two sets of frequencies: up to the original length, and past it
+            original = rope.scaling["original_max_position_embeddings"]
+            seq_len = original + 1 if seq_len > original else original
+        else:
             seq_len = None
-        return inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, seq_len=seq_len, arithmetic=self.arithmetic)
+        key = (seq_len, device)
+        memo = self._memo.get(layer_type)
+        if memo is None or memo[0] != key:  # the last frequencies of each layer type are kept
+            inv_freq, scale = inverse_frequencies(rope.rotary_dim, rope.base, rope.scaling, seq_len=seq_len,
+                                                  arithmetic=self.arithmetic)
+            memo = self._memo[layer_type] = (key, inv_freq.to(device), scale)
+        return memo[1], memo[2]
 
     def forward(self, x: Tensor, position_ids: Tensor, layer_type: Optional[str] = None) -> tuple[Tensor, Tensor]:
         if layer_type is None:
@@ -141,13 +150,13 @@ class HFRotaryEmbedding(nn.Module):
             raise ValueError(f"layer_type must be one of {sorted(self.ropes)}, got {layer_type!r}")
         rope = self.ropes[layer_type]
         seq_len = int(position_ids.max()) + 1
-        inv_freq, scale = self._frequencies(layer_type, seq_len)
+        inv_freq, scale = self._frequencies(layer_type, seq_len, x.device)
         if rope.mrope is not None:
             positions = position_ids if position_ids.dim() == 3 else position_ids.expand(3, *position_ids.shape)
-            cos, sin = mrope_cos_sin(positions.to(x.device), inv_freq.to(x.device), **rope.mrope,
+            cos, sin = mrope_cos_sin(positions.to(x.device), inv_freq, **rope.mrope,
                                      attention_scale=scale, arithmetic=self.arithmetic)
         else:
-            cos, sin = rope_cos_sin(position_ids.to(x.device), inv_freq.to(x.device), scale, arithmetic=self.arithmetic)
+            cos, sin = rope_cos_sin(position_ids.to(x.device), inv_freq, scale, arithmetic=self.arithmetic)
         if self.form == "cat":
             cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)  # (B, T, R) each
         elif self.form == "interleave":
