@@ -545,3 +545,32 @@ def test_rotary_embedding_can_be_built_on_the_meta_device():
     model.to_empty(device="cpu")
     for name in ("inv_freq", "cos_cached", "sin_cached"):
         assert torch.equal(getattr(model.position, name), getattr(reference.position, name)), name
+
+
+# ----------------------------------------------------------------- the eager path's full-width form
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_the_eager_path_gives_the_reference_formulation_bit_for_bit(layout, dtype, device):
+    # apply_rope's eager path computes x * c + swap(x) * s with full-width tables built once per (cos, sin):
+    # the same products and sums as apply_rope_eager, rounded once
+    torch.manual_seed(4)
+    for shape, positions in [((8, 4, 1, 32), [32767]), ((2, 4, 9, 40), list(range(3, 12)))]:  # decode; partial 32/40
+        c, s = rope_cos_sin(torch.tensor(positions, device=device), inverse_frequencies(32, device=device)[0])
+        if dtype == torch.float64:
+            c, s = c.double(), s.double()
+        x = torch.randn(shape, device=device).to(dtype)
+        for _ in range(2):  # the second call reads the cached tables
+            assert torch.equal(apply_rope(x, c, s, layout, backend="eager"), apply_rope_eager(x, c, s, layout))
+
+
+def test_the_cached_tables_follow_in_place_changes_and_inference_tensors():
+    c, s = rope_cos_sin(torch.arange(5), inverse_frequencies(8)[0])
+    x = torch.randn(1, 5, 8)
+    apply_rope(x, c, s, backend="eager")
+    c.mul_(0.5)  # in place: the version changes, the tables are rebuilt
+    assert torch.equal(apply_rope(x, c, s, backend="eager"), apply_rope_eager(x, c, s))
+    with torch.inference_mode():
+        ci, si = rope_cos_sin(torch.arange(5), inverse_frequencies(8)[0])
+        assert torch.equal(apply_rope(x, ci, si, backend="eager"), apply_rope_eager(x, ci, si))
