@@ -379,12 +379,13 @@ def attention(
         raise ValueError(f"return_weights=True needs backend='reference', got backend={backend!r}")
     if bias is not None and bias_fn is not None:
         raise ValueError("give the logit bias either as a tensor (bias) or as a function (bias_fn), not both")
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves H / H_kv query heads
+    gqa = {}  # grouped-query attention: each key/value head serves H / H_kv query heads
+    if k.shape[1] != q.shape[1]:
         if backend == "sdpa" and _SDPA_GQA:
-            return _sdpa_gqa(q, k, v, bias=bias, bias_fn=bias_fn, causal=causal, key_padding_mask=key_padding_mask,
-                             scale=scale)
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+            gqa = {"enable_gqa": True}  # SDPA reads the shared heads in place
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     B, H, T, D = q.shape
     S = k.shape[2]
     scale = D**-0.5 if scale is None else float(scale)
@@ -413,7 +414,7 @@ def attention(
     if causal and T == 1:
         causal = False
     if backend == "sdpa" and causal and T == S and key_padding_mask is None and bias is None:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # no mask is built
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)  # no mask is built
         return out  # (B, H, T, Dv)
 
     # Combined boolean mask, True = removed, broadcastable to (B, H, T, S).
@@ -452,7 +453,7 @@ def attention(
             attn_mask.masked_fill_(mask, float("-inf"))  # a full-size bias built here: mask it in place
         else:
             attn_mask = torch.where(mask, float("-inf"), attn_mask)  # a copy: the caller's bias stays untouched
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, **gqa)
     if dead is not None:
         out = out.masked_fill(dead, 0.0)
     return out  # (B, H, T, Dv)
@@ -460,31 +461,6 @@ def attention(
 
 #: Whether this torch's SDPA takes ``enable_gqa`` (2.5 and later): grouped-query attention without a copy of k and v.
 _SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-
-
-def _sdpa_gqa(q, k, v, *, bias, bias_fn, causal, key_padding_mask, scale) -> Tensor:
-    """:func:`attention` with the SDPA backend for k, v with fewer heads than q: SDPA's ``enable_gqa``."""
-    B, H, T, D = q.shape
-    S = k.shape[2]
-    scale = D**-0.5 if scale is None else float(scale)
-    if bias_fn is not None:
-        bias = materialize_bias(bias_fn, B, H, T, S, device=q.device)
-    if causal and T == 1:
-        causal = False
-    if causal and T == S and key_padding_mask is None and bias is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    keep = None if not causal else ~causal_mask(T, S, device=q.device)  # (T, S), True = attend
-    dead = None
-    if key_padding_mask is not None:
-        pad_keep = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
-        keep = pad_keep if keep is None else keep & pad_keep
-        dead = ~keep.any(dim=-1, keepdim=True)  # (B, 1, T, 1): queries with no visible key
-        keep = keep | dead
-    attn_mask = keep
-    if bias is not None:
-        attn_mask = bias.to(q.dtype) if keep is None else bias.to(q.dtype).masked_fill(~keep, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale, enable_gqa=True)
-    return out if dead is None else out.masked_fill(dead, 0.0)  # (B, H, T, Dv)
 
 
 def check_logn_length(length, name: str = "logn_length") -> None:

@@ -25,7 +25,7 @@ transformers is imported only inside :func:`register_attention`: posenc does not
 from __future__ import annotations
 
 import types
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +34,7 @@ from posenc.alibi import alibi_slopes
 from posenc.attention import attention
 from posenc.relative.t5 import t5_bias
 from posenc.rope.frequencies import ARITHMETICS, LENGTH_DEPENDENT, inverse_frequencies
-from posenc.rope.hf_config import scaling_by_layer_type
+from posenc.rope.hf_config import _text_config, as_mapping, scaling_by_layer_type
 from posenc.rope.multimodal import mrope_cos_sin
 from posenc.rope.rotation import rope_cos_sin
 
@@ -57,12 +57,8 @@ COMPLEX_FREQS_MODEL_TYPES = ("deepseek_v2", "llama4", "llama4_text")
 
 
 def _model_type(config) -> Optional[str]:
-    whole = config.to_dict() if not isinstance(config, Mapping) and hasattr(config, "to_dict") else config
-    inner = whole.get("text_config") if isinstance(whole.get("text_config"), Mapping) else None
-    if inner is not None and inner.get("model_type") and not any(
-            whole.get(k) is not None for k in ("rope_theta", "rope_scaling", "rope_parameters")):
-        return inner["model_type"]
-    return whole.get("model_type")
+    """The model type of the config that states the rope (a multimodal config's text config)."""
+    return _text_config(as_mapping(config)).get("model_type")
 
 
 class HFRotaryEmbedding(nn.Module):

@@ -120,6 +120,12 @@ def _base_exponent(head_dim: int, rope_type: str) -> float:
 # --------------------------------------------------------------------------- the variants
 
 
+def _fp32_theta(head_dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """``(base ** (2i / D), 1 / that)`` in fp32, as transformers computes them. ``(D/2,)`` each."""
+    powers = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    return powers, 1.0 / powers
+
+
 def default_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional[int], device: DeviceLike):
     """RoFormer's frequencies ``θ_i = base^(-2i/D)`` and attention scale 1 (no scaling).
 
@@ -130,8 +136,7 @@ def default_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optio
     Returns:
         ``(inv_freq, attention_scale)``: ``(D/2,)`` float32 and ``1.0``.
     """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # (D/2,)
-    return (1.0 / (base**exponent)).to(device), 1.0
+    return _fp32_theta(head_dim, base)[1].to(device), 1.0  # (D/2,)
 
 
 def _scaled(inv_freq: Tensor, divisor: Union[Tensor, float], device: DeviceLike) -> Tensor:
@@ -260,9 +265,7 @@ def yarn_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional
             ``beta_fast < beta_slow``, a non-bool ``truncate``, only one of ``mscale`` and
             ``mscale_all_dim``, or ``attention_factor`` together with them.
     """
-    optional = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
-                "mscale_all_dim": None}
-    p = _params(config, "yarn", ("factor", "original_max_position_embeddings"), optional)
+    p = _params(config, "yarn", ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL)
     factor, L = _factor(p, "yarn"), _length(p, "yarn")
     fast, slow = _real(p, "yarn", "beta_fast"), _real(p, "yarn", "beta_slow")
     if fast < slow:
@@ -270,20 +273,29 @@ def yarn_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional
     if not isinstance(p["truncate"], bool):
         raise ValueError(f"truncate of a 'yarn' scaling must be a bool, got {p['truncate']!r}")
 
-    def pair_turning(rotations: float) -> float:  # the index i at which r_i = L θ_i / 2π = rotations
-        return head_dim * math.log(L / (2 * math.pi * rotations)) / (2 * math.log(base))
-
-    lo, hi = pair_turning(fast), pair_turning(slow)
-    if p["truncate"]:
-        lo, hi = math.floor(lo), math.ceil(hi)
-    lo, hi = max(lo, 0), min(hi, head_dim - 1)
-    if hi == lo:
-        hi = lo + 0.001  # the authors' guard against a zero-width ramp
+    lo, hi = _yarn_ramp_ends(head_dim, base, L, fast, slow, p["truncate"])
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)  # (D/2,) 1 - γ_i
     inv_freq = default_inv_freq(head_dim, base, {}, None, "cpu")[0].double()
     scaled = (inv_freq * (1 - ramp) + inv_freq / factor * ramp).float().to(device)  # (D/2,)
 
     return scaled, _yarn_attention(p, factor)
+
+
+#: YaRN's optional keys and their defaults.
+_YARN_OPTIONAL = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
+                  "mscale_all_dim": None}
+
+
+def _yarn_ramp_ends(head_dim: int, base: float, L: int, fast: float, slow: float, truncate: bool) -> tuple:
+    """The pair indices where YaRN's ramp starts and ends: ``i_β = D ln(L / (2π β)) / (2 ln b)``, the
+    (fractional) index of the pair that turns ``β`` times over ``L``, for ``β`` = ``fast``, ``slow``;
+    rounded outwards with ``truncate``, clipped to ``[0, D - 1]``, 0.001 apart at least (the
+    authors' guard against a zero-width ramp). In the authors' order of operations."""
+    lo, hi = (head_dim * math.log(L / (r * 2 * math.pi)) / (2 * math.log(base)) for r in (fast, slow))
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, head_dim - 1)
+    return lo, (hi + 0.001 if hi == lo else hi)
 
 
 def _yarn_attention(p: dict, factor: float) -> float:
@@ -341,6 +353,10 @@ def llama3_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Option
     return (inv_freq * (1 - w) / factor + inv_freq * w).float().to(device), 1.0
 
 
+#: LongRoPE's optional keys (neither has a default: one of them is needed).
+_LONGROPE_OPTIONAL = {"factor": None, "attention_factor": None}
+
+
 def longrope_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Optional[int], device: DeviceLike):
     """LongRoPE: a searched rescale factor per pair, one set for short and one for long inputs.
 
@@ -366,7 +382,7 @@ def longrope_inv_freq(head_dim: int, base: float, config: Mapping, seq_len: Opti
             entries, neither ``factor`` nor ``attention_factor``, no ``seq_len``.
     """
     required = ("short_factor", "long_factor", "original_max_position_embeddings")
-    p = _params(config, "longrope", required, {"factor": None, "attention_factor": None})
+    p = _params(config, "longrope", required, _LONGROPE_OPTIONAL)
     L = _length(p, "longrope", minimum=2)  # its attention scale divides by ln L
     for key in ("short_factor", "long_factor"):
         value = p[key]
@@ -447,12 +463,6 @@ ARITHMETICS = ("exact", "transformers")
 # --------------------------------------------------------------------------- transformers' fp32 arithmetic
 
 
-def _fp32_theta(head_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """``(base ** (2i / D), 1 / that)`` in fp32, as transformers computes them. ``(D/2,)`` each."""
-    powers = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-    return powers, 1.0 / powers
-
-
 def _fp32_linear(head_dim, base, p, seq_len):
     return _fp32_theta(head_dim, base)[1] / p["factor"]
 
@@ -460,12 +470,8 @@ def _fp32_linear(head_dim, base, p, seq_len):
 def _fp32_yarn(head_dim, base, p, seq_len):
     powers, extrapolation = _fp32_theta(head_dim, base)
     interpolation = 1.0 / (p["factor"] * powers)
-    L, fast, slow = p["original_max_position_embeddings"], p["beta_fast"], p["beta_slow"]
-    turning = [head_dim * math.log(L / (r * 2 * math.pi)) / (2 * math.log(base)) for r in (fast, slow)]
-    lo, hi = (math.floor(turning[0]), math.ceil(turning[1])) if p["truncate"] else turning
-    lo, hi = max(lo, 0), min(hi, head_dim - 1)
-    if lo == hi:
-        hi += 0.001
+    lo, hi = _yarn_ramp_ends(head_dim, base, p["original_max_position_embeddings"], p["beta_fast"], p["beta_slow"],
+                             p["truncate"])
     keep = 1 - torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - lo) / (hi - lo), 0, 1)
     return interpolation * (1 - keep) + extrapolation * keep
 
@@ -485,8 +491,7 @@ def _fp32_llama3(head_dim, base, p, seq_len):
 
 def _fp32_longrope(head_dim, base, p, seq_len):
     rescale = p["long_factor"] if seq_len > p["original_max_position_embeddings"] else p["short_factor"]
-    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return 1.0 / (torch.tensor(rescale, dtype=torch.float32) * base**shape)
+    return 1.0 / (torch.tensor(rescale, dtype=torch.float32) * _fp32_theta(head_dim, base)[0])
 
 
 def _fp32_dynamic(head_dim, base, p, seq_len):
@@ -496,7 +501,7 @@ def _fp32_dynamic(head_dim, base, p, seq_len):
         return _fp32_theta(head_dim, base)[1]
     n = torch.tensor(seq_len)  # int64, as torch.max(position_ids) + 1
     new_base = base * ((factor * n / L) - (factor - 1)) ** (head_dim / (head_dim - 2))  # fp32 0-d tensor
-    return 1.0 / (new_base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    return _fp32_theta(head_dim, new_base)[1]
 
 
 def _fp32_proportional(head_dim, base, p, seq_len):
@@ -511,12 +516,9 @@ def _fp32_proportional(head_dim, base, p, seq_len):
 _FP32 = {
     "linear": (_fp32_linear, ("factor",), {}),
     "dynamic": (_fp32_dynamic, ("factor", "original_max_position_embeddings"), {}),
-    "yarn": (_fp32_yarn, ("factor", "original_max_position_embeddings"),
-             {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "attention_factor": None, "mscale": None,
-              "mscale_all_dim": None}),
+    "yarn": (_fp32_yarn, ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL),
     "llama3": (_fp32_llama3, ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), {}),
-    "longrope": (_fp32_longrope, ("short_factor", "long_factor", "original_max_position_embeddings"),
-                 {"factor": None, "attention_factor": None}),
+    "longrope": (_fp32_longrope, ("short_factor", "long_factor", "original_max_position_embeddings"), _LONGROPE_OPTIONAL),
     "proportional": (_fp32_proportional, (), {"factor": 1.0, "proportion": 1.0}),
 }
 

@@ -176,6 +176,19 @@ def _stated(config: Mapping, key: str) -> bool:
     return False
 
 
+def as_mapping(config) -> Mapping:
+    """A config as a mapping: ``config.json`` as a dict, or a transformers config object's ``to_dict()``.
+
+    Raises:
+        TypeError: neither.
+    """
+    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
+        config = config.to_dict()
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping (config.json as a dict) or have to_dict(), got {type(config).__name__}")
+    return config
+
+
 def _text_config(config: Mapping) -> Mapping:
     """The config that states the rope: a multimodal config's ``text_config`` where the top level
     has none of the rope keys; GPT-NeoX's names renamed, GPT-J's ``rotary_dim`` read as the
@@ -384,11 +397,7 @@ def scaling_from_hf(
             that disagree between two places, a rope per layer type without ``layer_type``, a
             partial rotary factor without a head size.
     """
-    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
-        config = config.to_dict()
-    if not isinstance(config, Mapping):
-        kind = type(config).__name__
-        raise TypeError(f"config must be a mapping (config.json as a dict) or have to_dict(), got {kind}")
+    config = as_mapping(config)
     rope, whole = _split(_text_config(config), layer_type)
     rope_type = _rope_type(rope)
     mrope = _mrope(rope)
@@ -435,10 +444,7 @@ def scaling_by_layer_type(config: Mapping, max_position_embeddings: Optional[int
     Raises:
         TypeError, ValueError: as :func:`scaling_from_hf`.
     """
-    if not isinstance(config, Mapping) and callable(getattr(config, "to_dict", None)):
-        config = config.to_dict()
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a mapping (config.json as a dict) or have to_dict(), got {type(config).__name__}")
+    config = as_mapping(config)
     inner = _text_config(config)
     per_layer = _per_layer_type(inner)
     if per_layer is None:
