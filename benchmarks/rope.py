@@ -19,11 +19,11 @@ whose cos/sin row is read from a 32768-position cache (position 32767), compares
   ``torch.compile``, a full-rotary restatement of ``posenc.rope.apply_rope_eager`` as it was before
   commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor: on the
   CPU the compiler then writes an fp32 intermediate of the whole result (twice the result's memory)
-  and rounds it in a second pass;
-* ``candidate: packed pairs`` (bf16, interleaved only): :func:`rotate_packed_pairs` below under
-  ``torch.compile``, a candidate kernel that is not part of ``posenc``: it reads each interleaved
-  16-bit pair as one 32-bit word, which may help a GPU (one load and one store per pair instead of
-  two 16-bit elements at stride 2). On a 2-core CPU it is no faster than ``posenc compiled``.
+  and rounds it in a second pass.
+
+(Runs before posenc 0.3 also timed a "candidate: packed pairs" kernel that read interleaved bf16
+pairs as 32-bit words through PyTorch's 16-bit conversions; :mod:`posenc.rope.packed` now does this
+with integer conversions that vectorise, and it is what ``posenc compiled`` runs for those inputs.)
 
 On the CPU the result's allocation can cost more than the computation: glibc gives a freed block
 above its mmap threshold (adaptive, at most 32 MiB) back to the system, and the next fresh result is
@@ -102,20 +102,6 @@ def rope_rounded_after_join(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     ya, yb = xa * cos - xb * sin, xb * cos + xa * sin  # fp32 by type promotion
     y = torch.stack([ya, yb], dim=-1).flatten(-2) if layout == "interleaved" else torch.cat([ya, yb], dim=-1)
     return y.to(x.dtype)
-
-
-def rotate_packed_pairs(words: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Candidate kernel: interleaved RoPE of a 16-bit ``x`` read as 32-bit words.
-
-    ``words = x.view(torch.int32)`` ``(..., T, D/2)`` holds one pair per element, ``x_2i`` in the
-    low 16 bits (little-endian). Unpack, rotate in fp32, round each member once to ``dtype``, repack:
-    the same bits as ``apply_rope_eager``. cos/sin: ``(T, D/2)`` fp32. Returns int32 words.
-    """
-    xa = words.to(torch.int16).view(dtype).float()  # int32 -> int16 keeps the low half
-    xb = (words >> 16).to(torch.int16).view(dtype).float()
-    ya = (xa * cos - xb * sin).to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
-    yb = (xb * cos + xa * sin).to(dtype).view(torch.int16).to(torch.int32) << 16
-    return ya | yb
 
 
 def kernel_ms(fn, repeats: int) -> float:
@@ -390,7 +376,7 @@ def main() -> None:
     malloc = " ".join(f"{k}={os.environ[k]}" for k in MALLOC_ENV if k in os.environ) or "glibc defaults"
     print(f"device={name} torch={torch.__version__} commit={commit} malloc: {malloc}\n")
     rope = RotaryEmbedding(128, 32768).to(device)
-    packed, after_join = torch.compile(rotate_packed_pairs), torch.compile(rope_rounded_after_join)
+    after_join = torch.compile(rope_rounded_after_join)
     hf_compiled = torch.compile(hf_eager)
     rows = []
     cuda_cols = (" kernel µs | kernel bandwidth, % of copy |", " --- | --- |") if device.type == "cuda" else ("", "")
@@ -418,11 +404,9 @@ def main() -> None:
                 }
                 if dtype == torch.bfloat16:
                     impls["compiled, rounded after join"] = lambda: after_join(x, cos, sin, layout)
-                if layout == "interleaved" and dtype == torch.bfloat16 and sys.byteorder == "little":
-                    impls["candidate: packed pairs"] = lambda: packed(x.view(torch.int32), cos, sin, x.dtype).view(x.dtype)
                 eager_out = impls["posenc eager"]()
                 diff = max((impls[k]().float() - eager_out.float()).abs().max().item()
-                           for k in ("posenc compiled", "compiled, rounded after join", "candidate: packed pairs") if k in impls)
+                           for k in ("posenc compiled", "compiled, rounded after join") if k in impls)
                 hf_compiled_diff = (impls["hf compiled"]().float() - impls["hf eager"]().float()).abs().max().item()
                 assert hf_compiled_diff <= 2 ** -5, f"compiled rotate_half disagrees with eager by {hf_compiled_diff}"
                 hf_diff = (impls["hf eager"]().float() - eager_out.float()).abs().max().item()

@@ -39,7 +39,7 @@ from posenc.attention import SelfAttention, attention, causal_mask
 from posenc.method import METHODS, NoPE, PositionMethod, build_method, register_method
 from posenc import absolute, alibi, naive, recursive, relative, rope  # noqa: F401  (register their methods)
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 
 __all__ = [
     "METHODS",

@@ -31,7 +31,7 @@ position's cos/sin never depend on which other positions are in the same call. c
 returned in fp32 and the rotation is computed in fp32 whatever the dtype of ``x``, rounding once
 at the end.
 
-The package has five modules; it re-exports the public names of the first four:
+The package has six modules; it re-exports the public names of the first four:
 
 ==============================  ====================================================================
 module                          what
@@ -47,8 +47,10 @@ module                          what
                                 layouts, axial 2-D RoPE, the :class:`RotaryEmbedding` method
 :mod:`.multimodal`              multimodal RoPE (Qwen2-VL's M-RoPE): :func:`mrope_cos_sin`
 :mod:`.kernel`                  the rotation as one Triton kernel on CUDA, bit-identical to the
-                                eager one (:func:`~posenc.rope.kernel.rope_kernel`), which
-                                :func:`apply_rope` takes by default where it can
+                                eager one (:func:`~posenc.rope.kernel.rope_kernel`)
+:mod:`.packed`                  the interleaved rotation with each pair read as one word,
+                                bit-identical to the eager one: :func:`apply_rope`'s compiled CPU
+                                path for that layout (:func:`~posenc.rope.packed.rotate_words`)
 ==============================  ====================================================================
 """
 
