@@ -365,6 +365,11 @@ def main() -> None:
     parser.add_argument("--tile-sweep", action="store_true", help="qk suite: first time posenc's kernel at several tile sizes")
     parser.add_argument("--sweep-lengths", type=int, nargs="+", default=[8192, 32768], help="tile sweep: T")
     args = parser.parse_args()
+    # every configuration (shape, dtype, layout) is a recompilation of the compiled baselines; past
+    # torch.compile's default limit of 8 they would run eagerly without a word (as the "hf compiled"
+    # decode rows in bf16 and fp16 of runs before posenc 0.2.1 did)
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     device = torch.device(args.device)
     if (args.suite or ("qk" if device.type == "cuda" else "single")) == "qk":
         if device.type != "cuda":

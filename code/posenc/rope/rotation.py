@@ -88,31 +88,23 @@ def rope_cos_sin(
 # --------------------------------------------------------------------------- rotation
 
 
-#: Argument signatures :func:`_check_apply_args` has passed (layout, shapes and dtypes): a model
-#: calls apply_rope with a few, twice per layer, and checking them again costs more than a decoding
-#: step's arithmetic on the CPU. Bounded: cleared when it reaches this many entries.
-_CHECKED: set[tuple] = set()
-_CHECKED_MAX = 4096
-
-
 def _check_apply_args(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
-    """Validate :func:`apply_rope`'s arguments; return the number of rotated pairs ``R/2``."""
-    compiling = torch.compiler.is_compiling()
-    if not compiling and isinstance(x, Tensor) and isinstance(cos, Tensor) and isinstance(sin, Tensor):
-        signature = (layout, x.shape, cos.shape, sin.shape, x.dtype, cos.dtype, sin.dtype)
-        if signature in _CHECKED:
-            half = cos.shape[-1]
-            _check_not_full_width(cos, sin, half, x.shape[-1])
-            return half
-    else:
-        signature = None
+    """Validate :func:`apply_rope`'s arguments; return the number of rotated pairs ``R/2``.
+
+    A model passes the same ``(cos, sin)`` to the queries and keys of every layer, so the verdict
+    is remembered per table (:func:`_per_table`) and per layout, shape and dtype of ``x``: checking
+    again would cost more than a decoding step's arithmetic on the CPU. Inside ``torch.compile``
+    only the shapes are checked (they are constants there).
+    """
+    if torch.compiler.is_compiling() or not (isinstance(x, Tensor) and isinstance(cos, Tensor) and isinstance(sin, Tensor)):
+        return _check_shapes(x, cos, sin, layout)
+    key = ("valid for", layout, x.shape, x.dtype, cos.shape, sin.shape)
+    return _per_table(cos, sin, key, _check_all, x, cos, sin, layout)
+
+
+def _check_all(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
     half = _check_shapes(x, cos, sin, layout)
-    if not compiling:
-        _check_not_full_width(cos, sin, half, x.shape[-1])
-    if signature is not None:
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED.add(signature)
+    _check_not_full_width(cos, sin, half, x.shape[-1])
     return half
 
 
@@ -145,7 +137,7 @@ def _check_shapes(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> int:
 
 
 def _check_not_full_width(cos: Tensor, sin: Tensor, half: int, D: int) -> None:
-    if _per_table(cos, sin, ("repeats", 2 * half == D), lambda: _repeats_itself(cos, sin, whole=2 * half == D)):
+    if _repeats_itself(cos, sin, whole=2 * half == D):
         raise ValueError(
             f"cos/sin of width {half} repeat themselves (two equal halves, or equal neighbours): the full-width "
             f"form of Hugging Face's rotary embedding, which would rotate {2 * half} of x's {D} dims instead of "
@@ -321,40 +313,46 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "half", *, bac
     return _apply_full_width(x, cos, sin, layout)
 
 
-# What the eager path derives from one (cos, sin) pair (full-width tables, whether
-# it repeats itself): a model passes the same cos and sin to the queries and keys of every layer, so
+# What apply_rope derives from one (cos, sin) pair (whether the arguments are valid, full-width
+# tables): a model passes the same cos and sin to the queries and keys of every layer, so
 # each is computed once. id(cos) -> (ref(cos), ref(sin), versions, {what: value})
 _PER_TABLE: dict[int, tuple] = {}
 
 
-def _per_table(cos: Tensor, sin: Tensor, what: tuple, compute: Callable[[], object]):
-    """``compute()``, remembered for this ``(cos, sin)`` pair while neither is modified in place
+def _per_table(cos: Tensor, sin: Tensor, what: tuple, compute: Callable, *args):
+    """``compute(*args)``, remembered for this ``(cos, sin)`` pair while neither is modified in place
     (tables that need gradients, and inference tensors, which keep no version counter: computed
     every time)."""
     if cos.is_inference() or sin.is_inference() or cos.requires_grad or sin.requires_grad:
-        return compute()
+        return compute(*args)
     versions = (cos._version, sin._version)
     entry = _PER_TABLE.get(id(cos))
     if entry is None or entry[0]() is not cos or entry[1]() is not sin or entry[2] != versions:
         if id(cos) not in _PER_TABLE:
             weakref.finalize(cos, _PER_TABLE.pop, id(cos), None)
         entry = _PER_TABLE[id(cos)] = (weakref.ref(cos), weakref.ref(sin), versions, {})
-    if what not in entry[3]:
-        entry[3][what] = compute()
-    return entry[3][what]
+    values = entry[3]
+    if what not in values:
+        values[what] = compute(*args)
+    return values[what]
 
 
 def _full_width_tables(cos: Tensor, sin: Tensor, layout: str, work: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(c, s)`` of width ``R`` such that the rotation is ``x * c + swap(x) * s``: cos repeated as the
     layout pairs the dims, sin with the sign of each pair member (``-sin`` for ``a``, ``+sin`` for ``b``)."""
+    return _per_table(cos, sin, ("full", layout, work), _build_full_width, cos, sin, layout, work)
 
-    def build() -> tuple[Tensor, Tensor]:
-        c, s = cos.to(work), sin.to(work)
-        if layout == "half":
-            return torch.cat([c, c], -1), torch.cat([-s, s], -1)  # (..., R)
-        return c.repeat_interleave(2, -1), torch.stack([-s, s], -1).flatten(-2)  # (..., R)
 
-    return _per_table(cos, sin, ("full", layout, work), build)
+def _build_full_width(cos: Tensor, sin: Tensor, layout: str, work: torch.dtype) -> tuple[Tensor, Tensor]:
+    c, s = cos.to(work), sin.to(work)
+    if layout == "half":
+        return torch.cat([c, c], -1), torch.cat([-s, s], -1)  # (..., R)
+    return c.repeat_interleave(2, -1), torch.stack([-s, s], -1).flatten(-2)  # (..., R)
+
+
+#: The dtype the rotation is computed in, per dtype of ``x`` (``promote_types(x.dtype, float32)``,
+#: looked up rather than computed: at a decoding step every microsecond of Python shows).
+_WORK = {dt: torch.promote_types(dt, torch.float32) for dt in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
 
 def _apply_full_width(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
@@ -364,24 +362,28 @@ def _apply_full_width(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tenso
     :func:`_full_width_tables` (built once per ``(cos, sin)``) and ``swap`` exchanging the members of
     each pair: every element is the same fp32 product-and-sum as ``y_a = x_a cos - x_b sin``,
     ``y_b = x_b cos + x_a sin`` (``a - b = a + (-b)`` exactly), rounded once. A 16-bit ``x`` is
-    widened once and the products are taken in place where no gradient is needed: each kernel is
-    then a same-dtype one, faster on the CPU than the mixed bf16 × fp32 products (five kernels for
-    a bf16 decoding step, four for fp32, instead of seven).
+    widened once, the products are taken in place where no gradient is needed and the sum is
+    rounded as it is stored: each kernel is then a same-dtype one, faster on the CPU than mixed
+    bf16 × fp32 products (five kernels for a bf16 decoding step and four for fp32, against five
+    for Hugging Face's ``x * cos + rotate_half(x) * sin`` and seven for :func:`apply_rope_eager`).
     """
-    R = 2 * cos.shape[-1]
-    work = torch.promote_types(x.dtype, torch.float32)
+    R, D = 2 * cos.shape[-1], x.shape[-1]
+    work = _WORK.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
     c, s = _full_width_tables(cos, sin, layout, work)
-    xr = x if R == x.shape[-1] else x[..., :R]
-    xw = xr.to(work)  # a new tensor where x is narrower than `work`; x itself otherwise
+    xr = x if R == D else x[..., :R]
+    widened = x.dtype != work
+    # a new tensor where x is narrower than `work` (``.float()`` is a little cheaper than ``.to``)
+    xw = (xr.float() if work == torch.float32 else xr.to(work)) if widened else xr
     # ``roll`` rather than ``cat`` of the two halves or ``flip`` of each pair: a single copy kernel,
     # the fastest of those on the CPU (``flip`` is twice as slow at a decoding step)
     swapped = xw.roll(R // 2, -1) if layout == "half" else xw.unflatten(-1, (R // 2, 2)).roll(1, -1).flatten(-2)
-    if _needs_grad(x, cos, sin):
-        y = xw * c + swapped * s
-    else:  # in place on the new tensors only: x is never written
-        y = (xw.mul_(c) if xw is not xr else xw * c).add_(swapped.mul_(s))
-    y = y.to(x.dtype)  # (..., T, R)
-    return y if R == x.shape[-1] else torch.cat([y, x[..., R:]], -1)
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        y = (xw * c + swapped * s).to(x.dtype)
+    elif widened:  # in place on the new tensors only (x is never written); the sum rounded as it is stored
+        y = torch.add(xw.mul_(c), swapped.mul_(s), out=torch.empty_like(xr))
+    else:
+        y = (xw * c).add_(swapped.mul_(s))
+    return y if R == D else torch.cat([y, x[..., R:]], -1)  # (..., T, D)
 
 
 # --------------------------------------------------------------------------- layouts
