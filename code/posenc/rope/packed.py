@@ -18,11 +18,11 @@ The 16-bit conversions are integer arithmetic on the bit patterns:
 * **bf16** is the upper half of an fp32, so widening is a shift by 16, and rounding adds
   ``0x7FFF`` plus the lowest kept bit before the shift (ties to even); a NaN becomes ``0x7FC0``.
 * **fp16** widens by moving exponent and mantissa up 13 bits and rebiasing the exponent by
-  ``127 - 15``; subnormals are renormalised with one exact fp32 subtraction and infinities/NaNs
-  keep an all-ones exponent. Rounding to fp16 rebiases back and rounds the 13 dropped bits to
-  nearest even; results below fp16's normal range are rounded by one fp32 addition (F. Giesen's
+  ``127 - 15`` (infinities and NaNs keep an all-ones exponent); a subnormal is its mantissa times
+  ``2**-24``. Rounding to fp16 rebiases back and rounds the 13 dropped bits to nearest even; a
+  result below fp16's normal range is ``|y| * 2**24`` rounded to an integer. (After F. Giesen's
   branch-free conversions, "Float->half variants", 2016; checked in the tests against PyTorch's
-  conversions on every fp16 value and on every rounding boundary).
+  conversions on every fp16 value and on every rounding boundary.)
 
 Little-endian only: the first member of a pair is the low half of its word.
 """
@@ -57,13 +57,13 @@ def widen(h: Tensor, dtype: torch.dtype) -> Tensor:
     if dtype == torch.bfloat16:
         return _f32(h << 16)
     em = (h & 0x7FFF) << 13  # exponent and mantissa, at fp32's mantissa position
-    exponent = em & (0x1F << 23)
     o = em + ((127 - 15) << 23)  # rebiased: right for normal numbers
-    o = torch.where(exponent == (0x1F << 23), o + ((128 - 16) << 23), o)  # inf and NaN: all-ones exponent
-    # subnormals (exponent 0): o is 2**-14 * (1 + m/1024) with an implicit bit they lack, and
-    # subtracting 2**-14 leaves 2**-14 * m/1024 (exact, and normal in fp32)
-    o = torch.where(exponent == 0, _bits(_f32(o + (1 << 23)) - 2.0**-14), o)
-    return _f32(o | ((h & 0x8000) << 16))
+    o = torch.where(em >= (0x1F << 23), o + ((128 - 16) << 23), o)  # inf and NaN: all-ones exponent
+    # subnormals (exponent 0) are m * 2**-24 for their 10-bit mantissa m: exact in fp32, and computed
+    # without a second reinterpretation of bits (the compiler's CPU code stores and reloads a vector
+    # for each); the sign is applied by negation, which is exact (and gives -0.0 for -0.0)
+    v = torch.where(em < (1 << 23), (h & 0x3FF).float() * 2.0**-24, _f32(o))
+    return torch.where((h & 0x8000) != 0, -v, v)
 
 
 def narrow(y: Tensor, dtype: torch.dtype) -> Tensor:
@@ -77,10 +77,9 @@ def narrow(y: Tensor, dtype: torch.dtype) -> Tensor:
         return torch.where(y != y, 0x7FC0, r & _LOW)
     sign = (b >> 16) & 0x8000
     a = b & 0x7FFFFFFF  # |y|'s bits
-    # below 2**-14 (fp16's subnormals): adding 0.5, whose fp32 unit in the last place is 2**-24 (fp16's
-    # smallest subnormal), rounds |y| to a multiple of 2**-24 in fp32's own arithmetic, and the
-    # multiple is the bits' excess over 0.5's
-    small = _bits(_f32(a) + 0.5) - 0x3F000000
+    # below 2**-14, fp16's subnormals count units of 2**-24: |y| * 2**24 (exact) rounded to the
+    # nearest integer, ties to even
+    small = (y.abs() * 2.0**24).round().to(torch.int32)
     odd = (a >> 13) & 1
     normal = (a + (((15 - 127) << 23) + 0xFFF) + odd) >> 13
     o = torch.where(a < (113 << 23), small, normal)
