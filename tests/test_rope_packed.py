@@ -113,3 +113,69 @@ def test_a_remembered_signature_still_checks_each_table():
     cos.copy_(full_cos), sin.copy_(full_sin)
     with pytest.raises(ValueError, match="repeat themselves"):
         apply_rope(x, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_eager_path_under_vmap_and_forward_mode_ad(dtype):
+    # functorch's batched tensors and forward-mode dual tensors report requires_grad=False: the
+    # eager path's in-place branch must still work under them
+    torch.manual_seed(4)
+    cos, sin = table(5, 16)
+    x = torch.randn(3, 2, 5, 16).to(dtype)
+    batched = torch.func.vmap(lambda v: apply_rope(v, cos, sin, backend="eager"))(x)
+    assert same_bits(batched, apply_rope_eager(x, cos, sin))
+    tangent = torch.randn_like(x)
+    out, jvp = torch.func.jvp(lambda v: apply_rope(v, cos, sin, backend="eager"), (x,), (tangent,))
+    assert same_bits(out, apply_rope_eager(x, cos, sin))
+    assert same_bits(jvp, apply_rope_eager(tangent, cos, sin))  # the rotation is linear in x
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_eager_gradient_of_16_bit_x_is_the_compiled_one(dtype):
+    # summed in fp32 and rounded once (autograd through apply_rope_eager rounds each of its parts)
+    torch.manual_seed(5)
+    cos, sin = table(7, 16)
+    grads = []
+    for backend in ("eager", "compiled"):
+        x = torch.randn(2, 2, 7, 16, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+        (apply_rope(x, cos, sin, backend=backend).float() * torch.linspace(-1, 1, 16)).sum().backward()
+        grads.append(x.grad)
+    assert torch.equal(*grads)
+
+
+def test_a_table_given_new_storage_is_checked_again():
+    # ``t.data = ...`` keeps the tensor (and its version counter) but changes its memory
+    torch.manual_seed(6)
+    x = torch.randn(1, 2, 5, 16)
+    cos, sin = table(5, 8)
+    apply_rope(x, cos, sin)
+    cos.data = torch.cat([cos[:, :2]] * 2, -1).clone()
+    sin.data = torch.cat([sin[:, :2]] * 2, -1).clone()
+    with pytest.raises(ValueError, match="repeat themselves"):
+        apply_rope(x, cos, sin)
+    new_cos, new_sin = table(5, 8, start=3)
+    cos.data, sin.data = new_cos.clone(), new_sin.clone()  # valid again, other angles: no stale tables
+    assert torch.equal(apply_rope(x, cos, sin, backend="eager"), apply_rope_eager(x, new_cos, new_sin))
+
+
+def test_posenc_variants_do_not_use_up_a_user_functions_recompile_limit():
+    import functools
+
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    rotation._compiled.clear()
+    rotation._compile_failed.clear()
+    cos, sin = table(3, 8)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # 12 posenc variants, past the default limit of 8
+        for layout in ("half", "interleaved"):
+            for table_dtype in (torch.float32, torch.float64):
+                x = torch.randn(1, 2, 3, 8).to(dtype)
+                apply_rope(x, cos.to(table_dtype), sin.to(table_dtype), layout, backend="compiled")
+    def scaled_sum(a, b, alpha):
+        return a + alpha * b
+
+    counter = CompileCounter()
+    user = torch.compile(functools.partial(scaled_sum, alpha=2), backend=counter)
+    user(torch.ones(3), torch.ones(3))
+    assert counter.frame_count == 1  # compiled, not run eagerly past an exhausted limit

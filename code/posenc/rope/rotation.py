@@ -7,7 +7,6 @@ frequencies the angles are made of come from :mod:`posenc.rope.frequencies`.
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -208,13 +207,37 @@ COMPILE_MIN_NUMEL = 1 << 20
 
 APPLY_BACKENDS = ("auto", "eager", "compiled", "triton")
 
-#: One compiled function per variant of the arguments (layout, dtypes, ranks, widths, device type).
-#: torch.compile runs a function eagerly without a word past its recompile limit (8 by default);
-#: posenc raises the limit to 64 for these calls and makes hitting it an error, which
-#: :func:`_apply_compiled` reports with a warning and answers eagerly for that variant.
+#: The variants of the arguments (layout, dtypes, ranks, widths, device type, the words path) that
+#: :func:`_apply_compiled` has compiled, with the compiled function each runs. torch.compile keeps
+#: its graphs per code object, and past a code object's recompile limit (8 by default) runs it
+#: eagerly without a word: posenc compiles functions of its own (:func:`_rotate_half`,
+#: :func:`_rotate_interleaved`, :func:`_rotate_words`), so that its variants never count against the
+#: limit of a function the user compiles (a ``functools.partial`` would share one code object with
+#: every partial in the process), raises their limit to 64 and makes hitting it an error, which
+#: :func:`_apply_compiled` reports with a warning, answering eagerly for that variant.
 _compiled: dict[tuple, Callable] = {}
 #: Variants whose compile failed (or hit the recompile limit), with the reason: eager from then on.
 _compile_failed: dict[tuple, str] = {}
+_COMPILED_FUNCTIONS: dict[str, Callable] = {}
+
+
+def _rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return apply_rope_eager(x, cos, sin, "half")
+
+
+def _rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return apply_rope_eager(x, cos, sin, "interleaved")
+
+
+def _rotate_words(w: Tensor, cos: Tensor, sin: Tensor, dtype: torch.dtype) -> Tensor:
+    return packed.rotate_words(w, cos, sin, dtype)
+
+
+def _compiled_function(name: str) -> Callable:
+    if name not in _COMPILED_FUNCTIONS:  # on first use: importing the compiler takes a while
+        fn = {"half": _rotate_half, "interleaved": _rotate_interleaved, "words": _rotate_words}[name]
+        _COMPILED_FUNCTIONS[name] = torch.compile(fn)
+    return _COMPILED_FUNCTIONS[name]
 
 
 def _variant(x: Tensor, cos: Tensor, layout: str) -> tuple:
@@ -235,14 +258,12 @@ def _apply_compiled(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     key = (*_variant(x, cos, layout), words)
     if key not in _compile_failed:
         if key not in _compiled:
-            fn = functools.partial(packed.rotate_words, dtype=x.dtype) if words else (
-                functools.partial(apply_rope_eager, layout=layout))
-            _compiled[key] = torch.compile(fn)
+            _compiled[key] = _compiled_function("words" if words else layout)
         try:
             # never fall back silently (past the limit torch would run the function uncompiled)
             with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, recompile_limit=64):
                 if words:
-                    return _compiled[key](x.view(packed.WORD_DTYPES[x.dtype]), cos, sin).view(x.dtype)
+                    return _compiled[key](x.view(packed.WORD_DTYPES[x.dtype]), cos, sin, x.dtype).view(x.dtype)
                 return _compiled[key](x, cos, sin)
         except Exception as err:  # no compiler, unsupported platform, the recompile limit: say so once
             _compile_failed[key] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -322,10 +343,15 @@ _PER_TABLE: dict[int, tuple] = {}
 def _per_table(cos: Tensor, sin: Tensor, what: tuple, compute: Callable, *args):
     """``compute(*args)``, remembered for this ``(cos, sin)`` pair while neither is modified in place
     (tables that need gradients, and inference tensors, which keep no version counter: computed
-    every time)."""
+    every time). The memo holds weak references to the tables, so it never keeps one alive (and
+    ``torch.utils.swap_tensors`` refuses a table that has been passed to :func:`apply_rope`)."""
     if cos.is_inference() or sin.is_inference() or cos.requires_grad or sin.requires_grad:
         return compute(*args)
-    versions = (cos._version, sin._version)
+    # the version counters see every in-place write through PyTorch; the addresses see a new
+    # storage put under the same tensor (``t.data = ...``, ``torch.utils.swap_tensors``). Writes that
+    # bypass both (through ``t.data``'s or numpy's view of the memory) are not seen, as autograd
+    # does not see them either.
+    versions = (cos._version, sin._version, cos.data_ptr(), sin.data_ptr())
     entry = _PER_TABLE.get(id(cos))
     if entry is None or entry[0]() is not cos or entry[1]() is not sin or entry[2] != versions:
         if id(cos) not in _PER_TABLE:
@@ -362,10 +388,12 @@ def _apply_full_width(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tenso
     :func:`_full_width_tables` (built once per ``(cos, sin)``) and ``swap`` exchanging the members of
     each pair: every element is the same fp32 product-and-sum as ``y_a = x_a cos - x_b sin``,
     ``y_b = x_b cos + x_a sin`` (``a - b = a + (-b)`` exactly), rounded once. A 16-bit ``x`` is
-    widened once, the products are taken in place where no gradient is needed and the sum is
-    rounded as it is stored: each kernel is then a same-dtype one, faster on the CPU than mixed
-    bf16 × fp32 products (five kernels for a bf16 decoding step and four for fp32, against five
-    for Hugging Face's ``x * cos + rotate_half(x) * sin`` and seven for :func:`apply_rope_eager`).
+    widened once and the products are taken in place where no gradient is needed: each kernel is
+    then a same-dtype one, faster on the CPU than mixed bf16 × fp32 products (six kernels for a
+    bf16 decoding step and four for fp32, against five for Hugging Face's
+    ``x * cos + rotate_half(x) * sin`` in bf16 and seven for :func:`apply_rope_eager`). Where a
+    gradient is needed, a 16-bit ``x``'s gradient is summed in fp32 and rounded once, as the
+    compiled path's is (autograd through :func:`apply_rope_eager` rounds each of its two parts).
     """
     R, D = 2 * cos.shape[-1], x.shape[-1]
     work = _WORK.get(x.dtype) or torch.promote_types(x.dtype, torch.float32)
@@ -378,11 +406,11 @@ def _apply_full_width(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tenso
     # the fastest of those on the CPU (``flip`` is twice as slow at a decoding step)
     swapped = xw.roll(R // 2, -1) if layout == "half" else xw.unflatten(-1, (R // 2, 2)).roll(1, -1).flatten(-2)
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
-        y = (xw * c + swapped * s).to(x.dtype)
-    elif widened:  # in place on the new tensors only (x is never written); the sum rounded as it is stored
-        y = torch.add(xw.mul_(c), swapped.mul_(s), out=torch.empty_like(xr))
-    else:
-        y = (xw * c).add_(swapped.mul_(s))
+        y = xw * c + swapped * s
+    else:  # in place on the new tensors only: x is never written
+        y = (xw.mul_(c) if widened else xw * c).add_(swapped.mul_(s))
+    if widened:
+        y = y.to(x.dtype)  # (..., T, R)
     return y if R == D else torch.cat([y, x[..., R:]], -1)  # (..., T, D)
 
 
