@@ -199,6 +199,9 @@ def test_a_rope_variant_applies_the_attention_scale_to_cos_and_sin_as_hugging_fa
     ("multiples", (2, 1), "increasing"), ("depths", (0.5, 2.0), r"in \[0, 1\]"), ("methods", ["rope"], "tuple"),
     ("n_head", 3, "divide d_model=16"), ("train_length", 60, ">= 74 for the passkey task"),
     ("warmup_steps", 5, "<= lm_steps and passkey_steps"),
+    ("lm_mults", ("sinusoidal=3", "sinusoidal=1"), "distinct METHOD=VALUE"), ("passkey_mults", ("xpos=3",), "registered"),
+    ("lm_mults", ("learned=0",), "values > 0"), ("lm_mults", ("learned",), "METHOD=VALUE"), ("curve_points", 0, "positive"),
+    ("protocol", 1, "a bool"),
 ])
 def test_bad_study_fields_are_named(field, value, allowed):
     with pytest.raises(ValueError, match=rf"ExtrapolationStudy\.{field} must .*{allowed}.*got {re_repr(value)}"):
@@ -331,7 +334,11 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from():
     assert data["meta"]["command"] in ("python -m posenc.lab.experiments.extrapolation",
                                        "python -m posenc.experiments.extrapolation")
     resolved = dataclasses.replace(study, methods=study.method_names)   # the default () means every method
-    assert json.loads(json.dumps(data["meta"]["config"])) == json.loads(json.dumps(dataclasses.asdict(resolved)))
+    expected = json.loads(json.dumps(dataclasses.asdict(resolved)))
+    stored = json.loads(json.dumps(data["meta"]["config"]))
+    # the protocol's fields came after this study was stored; their defaults are what it ran with
+    assert set(expected) - set(stored) == {"protocol", "curve_points", "lm_mults", "passkey_mults"}
+    assert stored == {k: v for k, v in expected.items() if k in stored}
     records = data["records"]
     keys = [ex.record_key(r) for r in records]
     assert len(keys) == len(set(keys))                                   # once each
@@ -358,3 +365,59 @@ def test_every_option_of_the_study_has_its_field_comment_as_help():
     assert comments["train_length"] == "L, the training window in tokens"  # the comment at the end of the line
     helps = {a.dest: a.help for a in ex.parser()._actions}
     assert all(helps[f.name] for f in dataclasses.fields(ExtrapolationStudy))
+
+
+# --- the experiments protocol ---------------------------------------------------------------------
+
+
+def test_a_protocol_cell_uses_the_same_windows_at_every_length_and_keeps_what_the_statistics_need(monkeypatch):
+    spans = []
+    real = ex.evaluate
+    monkeypatch.setattr(ex, "evaluate", lambda *a, **kw: spans.append(kw.get("span")) or real(*a, **kw))
+    study = tiny(methods=("sinusoidal", "learned"), protocol=True, curve_points=2, lm_steps=4, passkey_steps=4,
+                 lm_mults=("sinusoidal=3", "learned=10"), passkey_mults=("learned=0.5",), logn=False)
+    lm = run_cell(study, "sinusoidal", 0, "lm")
+    assert set(spans) == {160}  # every LM evaluation (the curve's too) places its windows for the longest length
+    train_record, evals = lm[0], [r for r in lm if r["kind"] == "eval"]
+    assert [c["step"] for c in train_record["curve"]] == [2, 4] and "val_loss" in train_record["curve"][0]
+    assert train_record["knob"] == "code_scale" and train_record["mult"] == 3.0
+    assert all(len(r["loss_per_window"]) == 2 and r["mult"] == 3.0 for r in evals)
+    assert math.isclose(sum(evals[0]["loss_per_window"]) / 2, evals[0]["loss"], abs_tol=1e-4)
+    # the multiplier is what the cell trains with: sinusoidal's code scale, learned's position step size
+    plain = run_cell(dataclasses.replace(study, lm_mults=()), "sinusoidal", 0, "lm")
+    assert plain[0]["mult"] == 1.0 and plain[1]["loss"] != evals[0]["loss"]
+    passkey = run_cell(study, "learned", 0, "passkey")
+    assert passkey[0]["knob"] == "position_lr" and passkey[0]["mult"] == 0.5
+    assert "exact_match" in passkey[0]["curve"][0]
+    assert all(len(r["row_exact"]) == 2 and set(r["row_exact"]) <= {"0", "1"} for r in passkey if r["kind"] == "eval")
+
+
+def test_a_method_without_a_knob_refuses_a_multiplier():
+    with pytest.raises(ValueError, match="method 'rope' has no knob to tune.*must be 1, got 3.0"):
+        run_cell(tiny(methods=("rope",), lm_mults=("rope=3",)), "rope", 0, "lm")
+    assert tiny(lm_mults=("t5=30",)).mult("t5", "lm") == 30.0 and tiny(lm_mults=("t5=30",)).mult("t5", "passkey") == 1.0
+
+
+def test_the_protocol_preset_uses_the_methods_studys_budgets():
+    from posenc.lab.experiments.compare import PROTOCOL_COPY_STEPS, PROTOCOL_LM_STEPS
+
+    preset = ex.PRESETS["protocol"]
+    assert preset.protocol and preset.lm_steps == PROTOCOL_LM_STEPS and preset.passkey_steps == PROTOCOL_COPY_STEPS
+    assert dataclasses.replace(preset, protocol=False, lm_steps=250, passkey_steps=500) == ex.PRESETS["cpu"]
+
+
+def test_tuned_multipliers_come_from_the_methods_protocol_study(tmp_path, monkeypatch):
+    import posenc.lab.experiments.compare as compare
+
+    partial = tmp_path / "methods.json"
+    partial.write_text(json.dumps({"meta": {}, "records": []}))
+    with pytest.raises(ValueError, match="has not chosen the multiplier of 'sinusoidal' for its 'lm' setting yet"):
+        ex.tuned_mults(partial)
+    choice = {("sinusoidal", "lm"): 3.0, ("learned", "lm"): 10.0, ("multiplicative", "copy"): 2.0}
+    monkeypatch.setattr(ex, "chosen_mult", lambda records, study, arm, setting: choice.get((arm, setting), 1.0))
+    assert ex.tuned_mults(partial) == (("sinusoidal=3", "learned=10"), ("multiplicative=2",))
+    labels = [a.label for a in compare.PROTOCOL_STUDIES["methods"].arms]
+    assert "alibi, bias inside the scaling" in labels  # a variant, not a registered method: never listed
+    argv = ["--preset", "protocol", "--tuned-from", str(partial), "--passkey-mults", "learned=3"]
+    study = ex.study_from_args(ex.parser(), ex.parser().parse_args(argv))
+    assert study.lm_mults == ("sinusoidal=3", "learned=10") and study.passkey_mults == ("learned=3",)

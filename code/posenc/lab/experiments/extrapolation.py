@@ -59,6 +59,17 @@ model trained, every evaluation of it and, for RoPE, its fine-tunes. Command lin
     python -m torch.distributed.run --nnodes 2 --node_rank 0 --nproc_per_node 8 --rdzv_backend c10d \\
         --rdzv_endpoint HOST:29500 -m posenc.lab.experiments.extrapolation --preset gpu --device cuda
 
+Under the experiments protocol (``protocol=True``, the ``"protocol"`` preset) every length is scored
+on prefixes of the same validation windows (placed for the longest length, so that a change with
+length is a change of the model, not of the text), each evaluation keeps its per-window losses or
+per-example passkey results (for intervals over the evaluation sample), each training run records
+its learning curve at ``curve_points`` steps, and each method trains with the multiplier of its
+knob that the methods protocol study chose (``lm_mults`` / ``passkey_mults``; ``--tuned-from``
+reads them, :func:`tuned_mults`)::
+
+    python -m posenc.lab.experiments.extrapolation --preset protocol \
+        --tuned-from book/results/protocol/methods.json --out book/results/protocol/extrapolation.json
+
 Every option is a field of :class:`~posenc.lab.experiments.extrapolation_config.ExtrapolationStudy`
 (``--train-length 64``, ``--scalings`` with no value for none, ``--no-logn``, ...); ``--preset gpu``
 is the larger configuration (:data:`~posenc.lab.experiments.extrapolation_config.PRESETS`). An
@@ -81,6 +92,7 @@ from tqdm.std import tqdm
 
 from posenc.lab.data import load_stdlib_corpus, passkey_retrieval
 from posenc.lab.experiments import distributed
+from posenc.lab.experiments.compare import PROTOCOL_STUDIES, Arm, chosen_mult, knob_of
 from posenc.lab.experiments.distributed import DistContext
 from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy
 from posenc.lab.experiments.options import add_options, command_for, from_args
@@ -148,15 +160,33 @@ def _passkey(study: ExtrapolationStudy, length: int, depth: Optional[float] = No
                                                            num_digits=study.passkey_digits, depth=depth)
 
 
-def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, ddp: Optional[DistContext]):
-    """Train ``model`` on ``task`` with ``cfg``, data-parallel over ``ddp``'s ranks if given."""
+def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, ddp: Optional[DistContext],
+         curve: bool = False):
+    """Train ``model`` on ``task`` with ``cfg``, data-parallel over ``ddp``'s ranks if given; with
+    ``curve``, measured after ``curve_points`` evenly spaced steps (:func:`_curve_measure`)."""
+    curve_at = sorted({max(1, round(cfg.steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)}
+                      ) if curve else ()
+    measure = _curve_measure(study, task) if curve else None
     if task == "lm":
         data = load_stdlib_corpus().train
-        fit = lambda m, shard: train(m, data, cfg, shard=shard)  # noqa: E731
+        fit = lambda m, shard: train(m, data, cfg, shard=shard, curve_at=curve_at, measure=measure)  # noqa: E731
     else:
         sampler = _passkey(study, cfg.seq_len)
-        fit = lambda m, shard: train_task(m, sampler, cfg, shard=shard)  # noqa: E731
+        fit = lambda m, shard: train_task(m, sampler, cfg, shard=shard, curve_at=curve_at, measure=measure)  # noqa: E731
     return distributed.train_data_parallel(model, fit, ddp or DistContext())
+
+
+def _curve_measure(study: ExtrapolationStudy, task: str) -> Callable:
+    """What a protocol run measures along its training, at ``L``: the LM loss on the study's
+    evaluation windows (their first ``L`` tokens), or the passkey exact match on the study's examples
+    at random depths."""
+    L = study.train_length
+    if task == "lm":
+        val = load_stdlib_corpus().val
+        return lambda m: {"val_loss": round(evaluate(m, val, L, num_windows=study.eval_windows, batch_size=study.eval_batch,
+                                                     span=study.eval_lengths[-1]).loss, 5)}
+    return lambda m: {"exact_match": task_accuracy(m, _passkey(study, L), num_examples=study.eval_examples,
+                                                   batch_size=study.eval_batch).exact_match}
 
 
 def _train_record(study: ExtrapolationStudy, model: TinyLM, history, cfg: TrainConfig, **fields) -> dict:
@@ -174,16 +204,23 @@ def _train_record(study: ExtrapolationStudy, model: TinyLM, history, cfg: TrainC
 def _evaluate(study: ExtrapolationStudy, model: TinyLM, task: str, length: int) -> list[dict]:
     """Scores of ``model`` at one length: the LM loss, or the passkey accuracy at every depth."""
     if task == "lm":
+        # under the protocol every length scores prefixes of the same windows (placed for the longest)
+        span = study.eval_lengths[-1] if study.protocol else None
         result = evaluate(model, load_stdlib_corpus().val, length, num_windows=study.eval_windows,
-                          batch_size=study.eval_batch)
-        return [{"depth": None, "loss": result.loss,
-                 "loss_per_position": [round(x, 4) for x in result.loss_per_position.tolist()]}]
+                          batch_size=study.eval_batch, span=span)
+        score = {"depth": None, "loss": result.loss,
+                 "loss_per_position": [round(x, 4) for x in result.loss_per_position.tolist()]}
+        if study.protocol:
+            score["loss_per_window"] = [round(x, 5) for x in result.loss_per_window.tolist()]
+        return [score]
     out = []
     for depth in study.depths:
         acc = task_accuracy(model, _passkey(study, length, float(depth)), num_examples=study.eval_examples,
                             batch_size=study.eval_batch)
         out.append({"depth": float(depth), "exact_match": acc.exact_match, "token_accuracy": acc.token_accuracy,
                     "answer_loss": acc.answer_loss, "num_examples": acc.num_examples})
+        if study.protocol:  # the same examples for every method (task_accuracy's own seed)
+            out[-1]["row_exact"] = "".join(str(v) for v in acc.row_exact)
     return out
 
 
@@ -256,10 +293,20 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
     base = {"cell": cell_id(method, seed, task), "method": method, "seed": seed, "task": task, "trained_length": L}
     model = build_model(study, method, seed, device)
     steps, batch = (study.lm_steps, study.lm_batch) if task == "lm" else (study.passkey_steps, study.passkey_batch)
+    mult, knob = study.mult(method, task), knob_of(Arm(method, method), model.position)
+    if knob is None and mult != 1:
+        raise ValueError(f"method {method!r} has no knob to tune (no position parameters, no code scale), so its "
+                         f"multiplier must be 1, got {mult!r}")
+    if knob == "code_scale" and mult != 1:
+        model.position.scale = model.position.scale * mult
     cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=L, lr=study.lr, warmup_steps=study.warmup_steps,
-                      seed=seed, progress=progress)
-    history = _fit(study, model, task, cfg, ddp)
+                      seed=seed, progress=progress, position_lr_mult=mult if knob == "position_lr" else 1.0)
+    if study.protocol:
+        base.update(knob=knob, mult=mult)
+    history = _fit(study, model, task, cfg, ddp, curve=study.protocol)
     records = [_train_record(study, model, history, cfg, **base, finetune=None, scaling="none", factor=1.0)]
+    if study.protocol:
+        records[0]["curve"] = history.curve
     if task == "lm":
         records[0]["corpus"] = load_stdlib_corpus().fingerprint
     records += _run_plan(study, model, task, evaluation_plan(study, model), {**base, "finetune": None}, ddp)
@@ -388,6 +435,33 @@ def _meta(study: ExtrapolationStudy, records: list[dict]) -> dict:
     }
 
 
+def tuned_mults(path: str | Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The multipliers the methods protocol study stored in ``path`` chose, as ``lm_mults`` and
+    ``passkey_mults`` entries: its LM setting's for the LM, its copy setting's for the passkey (the
+    task of the methods study closest to it: both need the model to find a token by its position).
+    Only the choices other than 1 are listed, for the arms that are registered methods as they are.
+
+    Raises:
+        ValueError: while the study has not chosen some arm's multiplier (a tuning run is missing).
+    """
+    records = load_records(path)["records"]
+    study = PROTOCOL_STUDIES["methods"]
+    chosen = []
+    for setting in ("lm", "copy"):
+        entries = []
+        for arm in study.arms:
+            if arm.label != arm.method or arm.build is not None:  # a variant, e.g. ALiBi's bias inside the scaling
+                continue
+            m = chosen_mult(records, study, arm.label, setting)
+            if m is None:
+                raise ValueError(f"the methods study in {path} has not chosen the multiplier of {arm.label!r} for its "
+                                 f"{setting!r} setting yet (a tuning run is missing)")
+            if m != 1:
+                entries.append(f"{arm.method}={m:g}")
+        chosen.append(tuple(entries))
+    return chosen[0], chosen[1]
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -404,20 +478,33 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP; "
                    "on CUDA, one GPU per process)")
     p.add_argument("--quiet", action="store_true", help="no progress bars and no log lines")
+    p.add_argument("--tuned-from", metavar="JSON", help="take lm_mults and passkey_mults (where not given) from the "
+                   "methods protocol study stored there (tuned_mults), e.g. book/results/protocol/methods.json")
     add_options(p.add_argument_group("study (fields of ExtrapolationStudy; default: the preset's)"),
                 ExtrapolationStudy)
     return p
+
+
+def study_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> ExtrapolationStudy:
+    """The study the parsed options describe: the preset, the fields given, and the multipliers of
+    ``--tuned-from`` where ``--lm-mults`` / ``--passkey-mults`` are not given (``p.error`` for a bad one)."""
+    try:
+        study = from_args(PRESETS[args.preset], args)
+        if args.tuned_from:
+            lm, passkey = tuned_mults(args.tuned_from)
+            study = dataclasses.replace(study, lm_mults=lm if args.lm_mults is None else study.lm_mults,
+                                        passkey_mults=passkey if args.passkey_mults is None else study.passkey_mults)
+        study.method_names  # noqa: B018  (raises for a name that is not registered)
+    except ValueError as err:
+        p.error(str(err))
+    return study
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Parse the command line, run the study (under torchrun: on every rank) and, on rank 0, plot it."""
     p = parser()
     args = p.parse_args(argv)
-    try:
-        study = from_args(PRESETS[args.preset], args)
-        study.method_names  # noqa: B018  (raises for a name that is not registered)
-    except ValueError as err:
-        p.error(str(err))
+    study = study_from_args(p, args)
     torch.set_num_threads(args.threads)
     ctx = distributed.init(args.device)
     try:

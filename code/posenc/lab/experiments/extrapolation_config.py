@@ -64,6 +64,13 @@ class ExtrapolationStudy:
     eval_windows: int = 32  #: validation windows of the LM loss at each length
     eval_examples: int = 32  #: passkey examples at each (length, depth)
     eval_batch: int = 16  #: rows per evaluation forward pass (lower it for long lengths on a GPU)
+    #: whether to follow the experiments protocol (every length scored on prefixes of the same windows, per-window and per-example scores kept, learning curves)
+    protocol: bool = False
+    curve_points: int = 8  #: measurements along each training run of a protocol study (after S/8, 2S/8, ..., S steps)
+    #: each method's multiplier of its knob for the LM (position_lr or code_scale), as METHOD=VALUE (unlisted methods train at 1)
+    lm_mults: tuple[str, ...] = ()
+    #: the same for the passkey task
+    passkey_mults: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name, ok, allowed in _RULES:
@@ -111,9 +118,31 @@ class ExtrapolationStudy:
         """The fine-tuning length (``finetune_length`` or the longest evaluation length)."""
         return self.finetune_length or self.eval_lengths[-1]
 
+    def mult(self, method: str, task: str) -> float:
+        """The multiplier of ``method``'s knob on ``task`` (``lm_mults`` or ``passkey_mults``; 1 if unlisted)."""
+        entries = dict(_parse_mult(e) for e in (self.lm_mults if task == "lm" else self.passkey_mults))
+        return entries.get(method, 1.0)
+
     def cells(self) -> list[tuple[str, int, str]]:
         """Every ``(method, seed, task)`` of the study, task by task, then seed by seed."""
         return [(m, s, t) for t in self.tasks for s in self.seeds for m in self.method_names]
+
+
+def _parse_mult(entry: str) -> tuple[str, float]:
+    name, _, value = entry.partition("=")
+    return name, float(value)
+
+
+def _mults(v) -> bool:
+    """A rule: distinct ``"METHOD=VALUE"`` entries, registered methods, values > 0."""
+    if not isinstance(v, tuple):
+        return False
+    try:
+        parsed = [_parse_mult(e) for e in v]
+    except (ValueError, AttributeError):
+        return False
+    names = [n for n, _ in parsed]
+    return len(set(names)) == len(names) and all(n in METHODS and x > 0 for n, x in parsed)
 
 
 def _is_int(value) -> bool:
@@ -139,6 +168,9 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
     ("finetune_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     ("warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     ("lr", *_NUMBER), ("finetune_lr", *_NUMBER), ("logn", lambda v: isinstance(v, bool), "a bool"),
+    ("protocol", lambda v: isinstance(v, bool), "a bool"), ("curve_points", *_POSITIVE),
+    ("lm_mults", _mults, "a tuple of distinct METHOD=VALUE entries, registered methods and values > 0"),
+    ("passkey_mults", _mults, "a tuple of distinct METHOD=VALUE entries, registered methods and values > 0"),
     ("methods", _names(()), "a tuple of distinct registered method names (empty: all)"),
     ("tasks", _names(TASKS, empty=False), f"a non-empty tuple of distinct names from {TASKS}"),
     ("scalings", _names(SCALINGS), f"a tuple of distinct names from {SCALINGS}"),
@@ -153,9 +185,13 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
 ]
 
 
-#: Named configurations, ``"cpu"`` (the defaults) and ``"gpu"`` (wider, deeper, longer, L = 1024).
+#: Named configurations: ``"cpu"`` (the defaults), ``"protocol"`` (the CPU model under the experiments
+#: protocol: the methods study's budgets, 4,000 LM steps (``compare.PROTOCOL_LM_STEPS``) and 3,000
+#: passkey steps (``compare.PROTOCOL_COPY_STEPS``), nested windows, curves; the tuned multipliers are
+#: given with ``--tuned-from``) and ``"gpu"`` (wider, deeper, longer, L = 1024).
 PRESETS: dict[str, ExtrapolationStudy] = {
     "cpu": ExtrapolationStudy(),
+    "protocol": ExtrapolationStudy(protocol=True, lm_steps=4000, passkey_steps=3000),
     "gpu": ExtrapolationStudy(train_length=1024, d_model=256, n_layer=6, n_head=8, lm_steps=4000, lm_batch=32,
                               passkey_steps=3000, passkey_batch=32, passkey_digits=5, lr=1e-3, warmup_steps=200,
                               finetune_steps=200, finetune_lr=3e-4, eval_windows=64, eval_examples=128, eval_batch=2),
