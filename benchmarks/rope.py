@@ -15,13 +15,16 @@ whose cos/sin row is read from a 32768-position cache (position 32767), compares
 * ``posenc eager``: :func:`posenc.rope.apply_rope` with ``backend="eager"``;
 * ``posenc compiled``: ``backend="compiled"`` (``torch.compile`` of the same function);
 * ``posenc auto``: the default, compiled from ``COMPILE_MIN_NUMEL`` elements on, eager below;
+* ``control: one cos/sin row`` (prefill): ``posenc auto`` with a single cos/sin row broadcast to
+  every position, the same traffic in ``x`` without the tables' (at ``T = 2048`` the fp32 tables
+  are 1 MiB, read once per head): what the tables cost;
 * ``compiled, rounded after join`` (bf16): :func:`rope_rounded_after_join` below under
   ``torch.compile``, a full-rotary restatement of ``posenc.rope.apply_rope_eager`` as it was before
   commit 4416cc6, which joined the two rotated halves in fp32 and rounded the joined tensor: on the
   CPU the compiler then writes an fp32 intermediate of the whole result (twice the result's memory)
   and rounds it in a second pass.
 
-(Runs before posenc 0.3 also timed a "candidate: packed pairs" kernel that read interleaved bf16
+(Runs before posenc 0.2.1 also timed a "candidate: packed pairs" kernel that read interleaved bf16
 pairs as 32-bit words through PyTorch's 16-bit conversions; :mod:`posenc.rope.packed` now does this
 with integer conversions that vectorise, and it is what ``posenc compiled`` runs for those inputs.)
 
@@ -407,6 +410,8 @@ def main() -> None:
                     "posenc compiled": lambda: apply_rope(x, cos, sin, layout, backend="compiled"),
                     "posenc auto": lambda: apply_rope(x, cos, sin, layout),
                 }
+                if T > 1:  # the control: the same rotation with one cos/sin row broadcast to every position
+                    impls["control: one cos/sin row"] = lambda: apply_rope(x, cos[:1], sin[:1], layout)
                 if dtype == torch.bfloat16:
                     impls["compiled, rounded after join"] = lambda: after_join(x, cos, sin, layout)
                 eager_out = impls["posenc eager"]()
