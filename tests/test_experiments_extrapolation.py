@@ -337,7 +337,8 @@ def test_the_stored_study_is_complete_and_says_where_it_came_from():
     expected = json.loads(json.dumps(dataclasses.asdict(resolved)))
     stored = json.loads(json.dumps(data["meta"]["config"]))
     # the protocol's fields came after this study was stored; their defaults are what it ran with
-    assert set(expected) - set(stored) == {"protocol", "curve_points", "lm_mults", "passkey_mults"}
+    assert set(expected) - set(stored) == {"protocol", "curve_points", "lm_mults", "passkey_mults", "curve_windows",
+                                           "curve_examples", "finetune_control_steps"}
     assert stored == {k: v for k, v in expected.items() if k in stored}
     records = data["records"]
     keys = [ex.record_key(r) for r in records]
@@ -379,8 +380,9 @@ def test_a_protocol_cell_uses_the_same_windows_at_every_length_and_keeps_what_th
     lm = run_cell(study, "sinusoidal", 0, "lm")
     assert set(spans) == {160}  # every LM evaluation (the curve's too) places its windows for the longest length
     train_record, evals = lm[0], [r for r in lm if r["kind"] == "eval"]
-    assert [c["step"] for c in train_record["curve"]] == [2, 4] and "val_loss" in train_record["curve"][0]
-    assert train_record["knob"] == "code_scale" and train_record["mult"] == 3.0
+    assert [c["step"] for c in train_record["curve"]] == [2, 4]
+    assert set(train_record["curve"][0]) == {"step", "val_loss_80", "val_loss_160"}  # at L and at the longest length
+    assert train_record["knob"] == "code_scale" and train_record["mult"] == 3.0 and train_record["tuned"]
     assert all(len(r["loss_per_window"]) == 2 and r["mult"] == 3.0 for r in evals)
     assert math.isclose(sum(evals[0]["loss_per_window"]) / 2, evals[0]["loss"], abs_tol=1e-4)
     # the multiplier is what the cell trains with: sinusoidal's code scale, learned's position step size
@@ -388,7 +390,7 @@ def test_a_protocol_cell_uses_the_same_windows_at_every_length_and_keeps_what_th
     assert plain[0]["mult"] == 1.0 and plain[1]["loss"] != evals[0]["loss"]
     passkey = run_cell(study, "learned", 0, "passkey")
     assert passkey[0]["knob"] == "position_lr" and passkey[0]["mult"] == 0.5
-    assert "exact_match" in passkey[0]["curve"][0]
+    assert {"exact_match_80", "exact_match_160", "answer_loss_80", "answer_loss_160"} <= set(passkey[0]["curve"][0])
     assert all(len(r["row_exact"]) == 2 and set(r["row_exact"]) <= {"0", "1"} for r in passkey if r["kind"] == "eval")
 
 
@@ -403,7 +405,38 @@ def test_the_protocol_preset_uses_the_methods_studys_budgets():
 
     preset = ex.PRESETS["protocol"]
     assert preset.protocol and preset.lm_steps == PROTOCOL_LM_STEPS and preset.passkey_steps == PROTOCOL_COPY_STEPS
-    assert dataclasses.replace(preset, protocol=False, lm_steps=250, passkey_steps=500) == ex.PRESETS["cpu"]
+    assert dataclasses.replace(preset, protocol=False, lm_steps=250, passkey_steps=500, eval_windows=32, eval_examples=32,
+                               finetune_steps=50, finetune_control_steps=None) == ex.PRESETS["cpu"]
+    assert preset.finetune_control_steps == 10 * preset.finetune_steps  # as in Chen et al.'s comparison
+
+
+def test_untrained_table_rows_are_put_back_so_that_weight_decay_and_the_multiplier_do_not_set_them():
+    study = tiny(methods=("learned",), tasks=("lm",), protocol=True, curve_points=1, lm_steps=6, logn=False,
+                 lm_mults=("learned=10",), finetune_steps=0)
+    records, model = run_cell(study, "learned", 0, "lm", return_model=True)
+    fresh = build_model(study, "learned", 0).position.table()
+    trained = model.position.table()
+    assert torch.equal(trained[80:], fresh[80:]) and not torch.equal(trained[:80], fresh[:80])
+    ratio = records[0]["untrained_rows_norm_ratio"]
+    assert records[0]["untrained_rows_restored"] and 0 < min(ratio.values()) < 1  # weight decay had shrunk them
+
+
+def test_the_control_fine_tune_gets_its_own_budget_and_every_fine_tune_a_curve():
+    study = tiny(methods=("rope",), tasks=("lm",), protocol=True, curve_points=2, logn=False, scalings=(),
+                 finetune_steps=2, finetune_control_steps=4, finetune_scalings=("default", "linear"))
+    records = run_cell(study, "rope", 0, "lm")
+    fine = {r["finetune"]: r for r in records if r["kind"] == "train" and r["finetune"]}
+    assert fine["default"]["steps"] == 4 and fine["linear"]["steps"] == 2
+    assert [c["step"] for c in fine["default"]["curve"]] == [2, 4] and [c["step"] for c in fine["linear"]["curve"]] == [1, 2]
+
+
+def test_a_stored_file_with_other_settings_is_refused(tmp_path):
+    out = tmp_path / "x.json"
+    study = tiny(methods=("learned",), tasks=("lm",), logn=False, finetune_steps=0)
+    run_study(study, out, progress=False, log=lambda line: None)
+    run_study(dataclasses.replace(study, seeds=(0, 1)), out, progress=False, log=lambda line: None)  # the grid may grow
+    with pytest.raises(ValueError, match=r"holds a study with other settings \(lm_mults\)"):
+        run_study(dataclasses.replace(study, lm_mults=("learned=3",)), out, progress=False, log=lambda line: None)
 
 
 def test_tuned_multipliers_come_from_the_methods_protocol_study(tmp_path, monkeypatch):
@@ -413,11 +446,17 @@ def test_tuned_multipliers_come_from_the_methods_protocol_study(tmp_path, monkey
     partial.write_text(json.dumps({"meta": {}, "records": []}))
     with pytest.raises(ValueError, match="has not chosen the multiplier of 'sinusoidal' for its 'lm' setting yet"):
         ex.tuned_mults(partial)
-    choice = {("sinusoidal", "lm"): 3.0, ("learned", "lm"): 10.0, ("multiplicative", "copy"): 2.0}
-    monkeypatch.setattr(ex, "chosen_mult", lambda records, study, arm, setting: choice.get((arm, setting), 1.0))
-    assert ex.tuned_mults(partial) == (("sinusoidal=3", "learned=10"), ("multiplicative=2",))
+    choice = {"sinusoidal": 3.0, "learned": 10.0}
+    monkeypatch.setattr(ex, "chosen_mult", lambda records, study, arm, setting: choice.get(arm, 1.0))
+    mults = ex.tuned_mults(partial)
+    assert mults[:2] == ("sinusoidal=3", "learned=10") and "transformer_xl=1" in mults  # a choice of 1 is listed
+    assert not any(m.startswith(("nope=", "rope=", "alibi=")) for m in mults)  # nothing to tune there
     labels = [a.label for a in compare.PROTOCOL_STUDIES["methods"].arms]
     assert "alibi, bias inside the scaling" in labels  # a variant, not a registered method: never listed
-    argv = ["--preset", "protocol", "--tuned-from", str(partial), "--passkey-mults", "learned=3"]
-    study = ex.study_from_args(ex.parser(), ex.parser().parse_args(argv))
-    assert study.lm_mults == ("sinusoidal=3", "learned=10") and study.passkey_mults == ("learned=3",)
+    parse = lambda argv: ex.study_from_args(ex.parser(), ex.parser().parse_args(argv))  # noqa: E731
+    study = parse(["--preset", "protocol", "--tuned-from", str(partial)])
+    assert study.lm_mults == mults and study.passkey_mults == ()
+    assert parse(["--preset", "protocol", "--lm-mults"]).lm_mults == ()  # the untuned sensitivity, said explicitly
+    for argv in (["--preset", "protocol"], ["--preset", "protocol", "--tuned-from", str(partial), "--lm-mults"]):
+        with pytest.raises(SystemExit):
+            parse(argv)

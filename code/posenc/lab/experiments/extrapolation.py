@@ -61,11 +61,16 @@ model trained, every evaluation of it and, for RoPE, its fine-tunes. Command lin
 
 Under the experiments protocol (``protocol=True``, the ``"protocol"`` preset) every length is scored
 on prefixes of the same validation windows (placed for the longest length, so that a change with
-length is a change of the model, not of the text), each evaluation keeps its per-window losses or
-per-example passkey results (for intervals over the evaluation sample), each training run records
-its learning curve at ``curve_points`` steps, and each method trains with the multiplier of its
-knob that the methods protocol study chose (``lm_mults`` / ``passkey_mults``; ``--tuned-from``
-reads them, :func:`tuned_mults`)::
+length is a change of the model, not of the text); each evaluation keeps its per-window losses or
+per-example passkey results (for intervals over the evaluation sample); each training run and
+fine-tune records its learning curve at ``L`` and at the longest length; each method's LM trains
+with the multiplier of its knob that the methods protocol study chose (``lm_mults``;
+``--tuned-from`` reads them, :func:`tuned_mults`; the passkey task is not tuned, and its records
+say ``"tuned": false``); the rows of a position table past ``L``, which no data reaches, are put
+back to their initial values after training (:func:`_restore_untrained_rows`: weight decay alone
+had moved them, by an amount the multiplier sets); and the fine-tune without scaling, the control
+of position interpolation, gets ``finetune_control_steps``. A file holding a study with other
+settings is refused::
 
     python -m posenc.lab.experiments.extrapolation --preset protocol \
         --tuned-from book/results/protocol/methods.json --out book/results/protocol/extrapolation.json
@@ -81,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -92,9 +98,9 @@ from tqdm.std import tqdm
 
 from posenc.lab.data import load_stdlib_corpus, passkey_retrieval
 from posenc.lab.experiments import distributed
-from posenc.lab.experiments.compare import PROTOCOL_STUDIES, Arm, chosen_mult, knob_of
+from posenc.lab.experiments.compare import PROTOCOL_STUDIES, Arm, arm_grid, chosen_mult, knob_of
 from posenc.lab.experiments.distributed import DistContext
-from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy
+from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy, parse_mult
 from posenc.lab.experiments.options import add_options, command_for, from_args
 from posenc.lab.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
 from posenc.lab.experiments.variants import rope_variant, scaling_config, variant
@@ -144,11 +150,33 @@ def build_model(study: ExtrapolationStudy, method: str, seed: int, device: str |
     return TinyLM(_config(study, seed), build_position(study, method, seed)).to(device)
 
 
+def _tables(position: PositionMethod) -> dict[str, torch.nn.Parameter]:
+    """The position tables of ``position``: its parameters with ``max_positions`` rows, by name."""
+    n = position.max_positions
+    return {k: p for k, p in position.named_parameters() if n is not None and p.dim() >= 1 and p.shape[0] == n}
+
+
 def _untrained_rows(position: PositionMethod, trained: int) -> int:
     """Rows of a position table (a parameter with ``max_positions`` rows) that training at ``trained`` never reaches."""
-    n = position.max_positions
-    tables = [p for p in position.parameters() if n is not None and p.dim() >= 1 and p.shape[0] == n]
-    return n - trained if tables else 0
+    return position.max_positions - trained if _tables(position) else 0
+
+
+def _restore_untrained_rows(position: PositionMethod, initial: dict[str, torch.Tensor], trained: int) -> dict[str, float]:
+    """Put the rows from ``trained`` on of each table back to their initial values; return the norm
+    of those rows after training over their initial norm, per table.
+
+    No data gradient reaches those rows; AdamW's weight decay alone shrinks them, by
+    ``prod(1 - lr_t * weight_decay)`` over the run, and a larger learning rate of the position
+    parameters shrinks them further (to 0.1 % of their size over 4,000 steps at 10 times the rate,
+    against 52 % at 1). Restoring them is exactly training them without weight decay (with no
+    gradient, Adam's own step is zero), so that what a method does past ``L`` does not depend on the
+    multiplier its tuning chose."""
+    ratios = {}
+    with torch.no_grad():
+        for name, p in _tables(position).items():
+            ratios[name] = round(float(p[trained:].norm() / initial[name][trained:].norm()), 6)
+            p[trained:] = initial[name][trained:]
+    return ratios
 
 
 # --------------------------------------------------------------------------- training
@@ -177,16 +205,27 @@ def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, 
 
 
 def _curve_measure(study: ExtrapolationStudy, task: str) -> Callable:
-    """What a protocol run measures along its training, at ``L``: the LM loss on the study's
-    evaluation windows (their first ``L`` tokens), or the passkey exact match on the study's examples
-    at random depths."""
-    L = study.train_length
+    """What a protocol run measures along its training, at ``L`` and at the longest length: the LM
+    loss on the first ``curve_windows`` of the study's evaluation windows, or the passkey exact
+    match and answer loss on the study's first ``curve_examples`` examples at every depth."""
+    lengths = (study.train_length, study.eval_lengths[-1])
     if task == "lm":
         val = load_stdlib_corpus().val
-        return lambda m: {"val_loss": round(evaluate(m, val, L, num_windows=study.eval_windows, batch_size=study.eval_batch,
-                                                     span=study.eval_lengths[-1]).loss, 5)}
-    return lambda m: {"exact_match": task_accuracy(m, _passkey(study, L), num_examples=study.eval_examples,
-                                                   batch_size=study.eval_batch).exact_match}
+
+        def measure(m):
+            return {f"val_loss_{n}": round(evaluate(m, val, n, num_windows=study.curve_windows, batch_size=study.eval_batch,
+                                                    span=study.eval_lengths[-1]).loss, 5) for n in lengths}
+        return measure
+
+    def measure(m):
+        out = {}
+        for n in lengths:
+            scores = [task_accuracy(m, _passkey(study, n, float(d)), num_examples=study.curve_examples,
+                                    batch_size=study.eval_batch) for d in study.depths]
+            out[f"exact_match_{n}"] = round(sum(a.exact_match for a in scores) / len(scores), 5)
+            out[f"answer_loss_{n}"] = round(sum(a.answer_loss for a in scores) / len(scores), 5)
+        return out
+    return measure
 
 
 def _train_record(study: ExtrapolationStudy, model: TinyLM, history, cfg: TrainConfig, **fields) -> dict:
@@ -302,11 +341,16 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
     cfg = TrainConfig(steps=steps, batch_size=batch, seq_len=L, lr=study.lr, warmup_steps=study.warmup_steps,
                       seed=seed, progress=progress, position_lr_mult=mult if knob == "position_lr" else 1.0)
     if study.protocol:
-        base.update(knob=knob, mult=mult)
+        listed = {name for name, _ in map(parse_mult, study.lm_mults if task == "lm" else study.passkey_mults)}
+        base.update(knob=knob, mult=mult, tuned=method in listed)
+        initial_tables = {k: p.detach().clone() for k, p in _tables(model.position).items()}
     history = _fit(study, model, task, cfg, ddp, curve=study.protocol)
     records = [_train_record(study, model, history, cfg, **base, finetune=None, scaling="none", factor=1.0)]
     if study.protocol:
         records[0]["curve"] = history.curve
+        if initial_tables:
+            records[0]["untrained_rows_norm_ratio"] = _restore_untrained_rows(model.position, initial_tables, L)
+            records[0]["untrained_rows_restored"] = True
     if task == "lm":
         records[0]["corpus"] = load_stdlib_corpus().fingerprint
     records += _run_plan(study, model, task, evaluation_plan(study, model), {**base, "finetune": None}, ddp)
@@ -318,9 +362,15 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
         for name in study.finetune_scalings:
             factor = 1.0 if name == "default" else n / L  # "default": the control, RoPE unscaled
             tuned = rope_variant(model, scaling_config(name, factor, L), study.longest)
-            ft_history = _fit(study, tuned, task, ft_cfg, ddp)
+            cfg_name = ft_cfg
+            if name == "default" and study.finetune_control_steps is not None:
+                cfg_name = dataclasses.replace(ft_cfg, steps=study.finetune_control_steps,
+                                               warmup_steps=study.finetune_control_steps // 10)
+            ft_history = _fit(study, tuned, task, cfg_name, ddp, curve=study.protocol)
             ft = {**base, "finetune": name, "scaling": name, "factor": factor}
-            records.append(_train_record(study, tuned, ft_history, ft_cfg, **ft))
+            records.append(_train_record(study, tuned, ft_history, cfg_name, **ft))
+            if study.protocol:
+                records[-1]["curve"] = ft_history.curve
             plan = [{"logn": False, "scaling": name, "factor": factor, "eval_length": m} for m in study.eval_lengths]
             records += _run_plan(study, tuned, task, plan, {**base, "finetune": name}, ddp)
     records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
@@ -348,8 +398,9 @@ def cell_cost(study: ExtrapolationStudy, method: str, task: str) -> float:
     if isinstance(build_position(study, method, 0), RotaryEmbedding):
         cost += rows * sum(n for n in lengths if n > L) * len(study.scalings)
         ft_batch = study.finetune_batch or max(1, batch * L // study.finetune_window)
-        cost += len(study.finetune_scalings) * (3.0 * study.finetune_steps * ft_batch * study.finetune_window
-                                                 + rows * sum(lengths))
+        for name in study.finetune_scalings:
+            ft_steps = study.finetune_control_steps if name == "default" and study.finetune_control_steps else study.finetune_steps
+            cost += 3.0 * ft_steps * ft_batch * study.finetune_window + rows * sum(lengths)
     return cost
 
 
@@ -386,6 +437,8 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
     ctx = ctx or DistContext(device=str(device))
     device = ctx.device if ctx.distributed else device
     out = Path(out)
+    if ctx.is_main and out.exists():
+        _check_same_settings(study, load_records(out)["meta"], out)
     done = distributed.broadcast_from_main(finished_keys(out, lambda r: r["cell"]) if ctx.is_main else None, ctx)
     todo = sorted((c for c in study.cells() if cell_id(*c) not in done), key=lambda c: -cell_cost(study, c[0], c[2]))
     origin = {**provenance(device), "rank": ctx.rank}  # read once, before training: the code this process imported
@@ -421,6 +474,25 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
     return load_records(out) if ctx.is_main and out.exists() else None
 
 
+#: Fields a study may change and still add to a stored file: its grid (methods, seeds, tasks).
+GRID_FIELDS = ("methods", "seeds", "tasks")
+
+
+def _check_same_settings(study: ExtrapolationStudy, meta: dict, out: Path) -> None:
+    """Refuse to add ``study``'s cells to a file stored with other settings: a cell already there
+    would be skipped as done, and the file's description rewritten with settings its records were
+    not made with. Fields the stored description lacks (added to the study later) must be at their
+    defaults."""
+    stored = meta.get("config", {})
+    defaults = dataclasses.asdict(ExtrapolationStudy())
+    current = json.loads(json.dumps(dataclasses.asdict(study)))
+    differ = [k for k, v in current.items() if k not in GRID_FIELDS
+              and json.loads(json.dumps(stored.get(k, defaults[k]))) != v]
+    if differ:
+        raise ValueError(f"{out} holds a study with other settings ({', '.join(differ)}); write to another file "
+                         f"(--out), or give the stored settings (its meta.command)")
+
+
 def _meta(study: ExtrapolationStudy, records: list[dict]) -> dict:
     cells = [r for r in records if r["kind"] == "train" and r["finetune"] is None]
     return {
@@ -435,31 +507,30 @@ def _meta(study: ExtrapolationStudy, records: list[dict]) -> dict:
     }
 
 
-def tuned_mults(path: str | Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The multipliers the methods protocol study stored in ``path`` chose, as ``lm_mults`` and
-    ``passkey_mults`` entries: its LM setting's for the LM, its copy setting's for the passkey (the
-    task of the methods study closest to it: both need the model to find a token by its position).
-    Only the choices other than 1 are listed, for the arms that are registered methods as they are.
+def tuned_mults(path: str | Path) -> tuple[str, ...]:
+    """The multipliers the methods protocol study stored in ``path`` chose in its LM setting, as
+    ``lm_mults`` entries, for every arm that has a knob and is a registered method as it is (the
+    same model, data, optimiser and budget as this study's LM). Choices of 1 are listed too: a listed
+    method was tuned (its records say ``"tuned": true``), an unlisted one was not.
+
+    The passkey task takes none: the methods study's copy task, the nearest it has, was solved at
+    every multiplier by most methods, so its choices are ties broken toward 1, not a tuning.
 
     Raises:
         ValueError: while the study has not chosen some arm's multiplier (a tuning run is missing).
     """
     records = load_records(path)["records"]
     study = PROTOCOL_STUDIES["methods"]
-    chosen = []
-    for setting in ("lm", "copy"):
-        entries = []
-        for arm in study.arms:
-            if arm.label != arm.method or arm.build is not None:  # a variant, e.g. ALiBi's bias inside the scaling
-                continue
-            m = chosen_mult(records, study, arm.label, setting)
-            if m is None:
-                raise ValueError(f"the methods study in {path} has not chosen the multiplier of {arm.label!r} for its "
-                                 f"{setting!r} setting yet (a tuning run is missing)")
-            if m != 1:
-                entries.append(f"{arm.method}={m:g}")
-        chosen.append(tuple(entries))
-    return chosen[0], chosen[1]
+    entries = []
+    for arm in study.arms:
+        if arm.label != arm.method or arm.build is not None or arm_grid(study, arm) == (1.0,):
+            continue  # a variant (e.g. ALiBi's bias inside the scaling), or nothing to tune
+        m = chosen_mult(records, study, arm.label, "lm")
+        if m is None:
+            raise ValueError(f"the methods study in {path} has not chosen the multiplier of {arm.label!r} for its "
+                             "'lm' setting yet (a tuning run is missing)")
+        entries.append(f"{arm.method}={m:g}")
+    return tuple(entries)
 
 
 # --------------------------------------------------------------------------- command line
@@ -478,22 +549,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP; "
                    "on CUDA, one GPU per process)")
     p.add_argument("--quiet", action="store_true", help="no progress bars and no log lines")
-    p.add_argument("--tuned-from", metavar="JSON", help="take lm_mults and passkey_mults (where not given) from the "
-                   "methods protocol study stored there (tuned_mults), e.g. book/results/protocol/methods.json")
+    p.add_argument("--tuned-from", metavar="JSON", help="take lm_mults from the methods protocol study stored there "
+                   "(tuned_mults), e.g. book/results/protocol/methods.json")
     add_options(p.add_argument_group("study (fields of ExtrapolationStudy; default: the preset's)"),
                 ExtrapolationStudy)
     return p
 
 
 def study_from_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> ExtrapolationStudy:
-    """The study the parsed options describe: the preset, the fields given, and the multipliers of
-    ``--tuned-from`` where ``--lm-mults`` / ``--passkey-mults`` are not given (``p.error`` for a bad one)."""
+    """The study the parsed options describe: the preset, the fields given, and ``lm_mults`` from
+    ``--tuned-from`` (``p.error`` for a bad one; a protocol study must say where its multipliers
+    come from: ``--tuned-from``, or ``--lm-mults``, with no value for none)."""
     try:
         study = from_args(PRESETS[args.preset], args)
         if args.tuned_from:
-            lm, passkey = tuned_mults(args.tuned_from)
-            study = dataclasses.replace(study, lm_mults=lm if args.lm_mults is None else study.lm_mults,
-                                        passkey_mults=passkey if args.passkey_mults is None else study.passkey_mults)
+            if args.lm_mults is not None:
+                raise ValueError("give --tuned-from or --lm-mults, not both")
+            study = dataclasses.replace(study, lm_mults=tuned_mults(args.tuned_from))
+        elif study.protocol and args.lm_mults is None:
+            raise ValueError("a protocol study trains each method at its tuned multiplier: give --tuned-from "
+                             "(e.g. book/results/protocol/methods.json), or --lm-mults with no value for the "
+                             "untuned sensitivity")
         study.method_names  # noqa: B018  (raises for a name that is not registered)
     except ValueError as err:
         p.error(str(err))

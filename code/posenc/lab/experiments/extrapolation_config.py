@@ -71,6 +71,10 @@ class ExtrapolationStudy:
     lm_mults: tuple[str, ...] = ()
     #: the same for the passkey task
     passkey_mults: tuple[str, ...] = ()
+    curve_windows: int = 32  #: LM windows of each curve point (at L and at the longest length)
+    curve_examples: int = 16  #: passkey examples per depth and length of each curve point (at L and at the longest length)
+    #: optimiser steps of the fine-tune without scaling, the control (None means finetune_steps)
+    finetune_control_steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name, ok, allowed in _RULES:
@@ -120,7 +124,7 @@ class ExtrapolationStudy:
 
     def mult(self, method: str, task: str) -> float:
         """The multiplier of ``method``'s knob on ``task`` (``lm_mults`` or ``passkey_mults``; 1 if unlisted)."""
-        entries = dict(_parse_mult(e) for e in (self.lm_mults if task == "lm" else self.passkey_mults))
+        entries = dict(parse_mult(e) for e in (self.lm_mults if task == "lm" else self.passkey_mults))
         return entries.get(method, 1.0)
 
     def cells(self) -> list[tuple[str, int, str]]:
@@ -128,7 +132,8 @@ class ExtrapolationStudy:
         return [(m, s, t) for t in self.tasks for s in self.seeds for m in self.method_names]
 
 
-def _parse_mult(entry: str) -> tuple[str, float]:
+def parse_mult(entry: str) -> tuple[str, float]:
+    """``"METHOD=VALUE"`` as ``(METHOD, VALUE)``."""
     name, _, value = entry.partition("=")
     return name, float(value)
 
@@ -138,7 +143,7 @@ def _mults(v) -> bool:
     if not isinstance(v, tuple):
         return False
     try:
-        parsed = [_parse_mult(e) for e in v]
+        parsed = [parse_mult(e) for e in v]
     except (ValueError, AttributeError):
         return False
     names = [n for n, _ in parsed]
@@ -169,6 +174,7 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
     ("warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
     ("lr", *_NUMBER), ("finetune_lr", *_NUMBER), ("logn", lambda v: isinstance(v, bool), "a bool"),
     ("protocol", lambda v: isinstance(v, bool), "a bool"), ("curve_points", *_POSITIVE),
+    ("curve_windows", *_POSITIVE), ("curve_examples", *_POSITIVE), ("finetune_control_steps", *_POSITIVE_OR_NONE),
     ("lm_mults", _mults, "a tuple of distinct METHOD=VALUE entries, registered methods and values > 0"),
     ("passkey_mults", _mults, "a tuple of distinct METHOD=VALUE entries, registered methods and values > 0"),
     ("methods", _names(()), "a tuple of distinct registered method names (empty: all)"),
@@ -187,11 +193,15 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
 
 #: Named configurations: ``"cpu"`` (the defaults), ``"protocol"`` (the CPU model under the experiments
 #: protocol: the methods study's budgets, 4,000 LM steps (``compare.PROTOCOL_LM_STEPS``) and 3,000
-#: passkey steps (``compare.PROTOCOL_COPY_STEPS``), nested windows, curves; the tuned multipliers are
-#: given with ``--tuned-from``) and ``"gpu"`` (wider, deeper, longer, L = 1024).
+#: passkey steps (``compare.PROTOCOL_COPY_STEPS``); 256 windows and 128 passkey examples per depth at
+#: each length; fine-tunes of 100 steps, and 1,000 for the control without scaling, ten times as
+#: many as in Chen et al.'s comparison of position interpolation with plain fine-tuning (arXiv:2306.15595,
+#: 1,000 against 10,000 steps); the tuned multipliers come with ``--tuned-from``) and ``"gpu"``
+#: (wider, deeper, longer, L = 1024).
 PRESETS: dict[str, ExtrapolationStudy] = {
     "cpu": ExtrapolationStudy(),
-    "protocol": ExtrapolationStudy(protocol=True, lm_steps=4000, passkey_steps=3000),
+    "protocol": ExtrapolationStudy(protocol=True, lm_steps=4000, passkey_steps=3000, eval_windows=256, eval_examples=128,
+                                   finetune_steps=100, finetune_control_steps=1000),
     "gpu": ExtrapolationStudy(train_length=1024, d_model=256, n_layer=6, n_head=8, lm_steps=4000, lm_batch=32,
                               passkey_steps=3000, passkey_batch=32, passkey_digits=5, lr=1e-3, warmup_steps=200,
                               finetune_steps=200, finetune_lr=3e-4, eval_windows=64, eval_examples=128, eval_batch=2),
