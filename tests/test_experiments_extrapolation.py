@@ -93,7 +93,7 @@ def test_records_of_a_study_with_their_provenance(tmp_path):
     assert learned["position_covers"] == 160 and learned["untrained_table_rows"] == 80  # rows past L never trained
     assert next(r for r in train if r["method"] == "t5")["untrained_table_rows"] == 0
     key = lambda m, task, n, logn=False, scaling="none", ft=None, depth=None: (  # noqa: E731
-        "eval", m, 0, task, logn, scaling, ft, n, depth)
+        "eval", m, 0, task, logn, scaling, ft, n, depth, None)
     found = by_key(records)
     for m in ("rope", "learned", "t5"):
         for n in (80, 160):
@@ -388,8 +388,15 @@ def test_a_protocol_cell_uses_the_same_windows_at_every_length_and_keeps_what_th
     # the multiplier is what the cell trains with: sinusoidal's code scale, learned's position step size
     plain = run_cell(dataclasses.replace(study, lm_mults=()), "sinusoidal", 0, "lm")
     assert plain[0]["mult"] == 1.0 and plain[1]["loss"] != evals[0]["loss"]
+    bands = evals[1]["loss_per_window_band"]  # at 160: per window, over [0, 80) and [80, 160)
+    assert len(bands) == 2 and len(bands[0]) == 2 and bands[0][0] == evals[0]["loss_per_window"][0]  # same prefix
+    assert len(evals[0]["loss_per_window_chunk_of_longest"][0]) == 2  # the 160-token windows cut in two
+    assert evals[0]["loss_per_window_chunk_of_longest"][0][0] == bands[0][0]  # the first piece has the same context
     passkey = run_cell(study, "learned", 0, "passkey")
     assert passkey[0]["knob"] == "position_lr" and passkey[0]["mult"] == 0.5
+    shifted = [r for r in passkey if r.get("position_offset")]
+    assert {(r["eval_length"], r["position_offset"]) for r in shifted} == {(80, 80)} and len(shifted) == len(study.depths)
+    assert all(len(r["row_answer_loss"]) == 2 for r in passkey if r["kind"] == "eval")
     assert {"exact_match_80", "exact_match_160", "answer_loss_80", "answer_loss_160"} <= set(passkey[0]["curve"][0])
     assert all(len(r["row_exact"]) == 2 and set(r["row_exact"]) <= {"0", "1"} for r in passkey if r["kind"] == "eval")
 

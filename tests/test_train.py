@@ -531,3 +531,47 @@ def test_windows_between_are_held_out_text_of_the_same_kind():
     assert result.num_windows == 7 and result.loss_per_window.shape == (7,)
     with pytest.raises(ValueError, match="between=True needs num_windows >= 2"):
         eval_windows(data, 16, 1, between=True)
+
+
+def test_evaluate_bands_and_chunks_score_the_same_tokens_in_a_long_and_a_short_context():
+    from posenc.lab import LMConfig, TinyLM
+    from posenc.lab.data import load_stdlib_corpus
+    from posenc.lab.train import evaluate, evaluate_chunks
+
+    torch.manual_seed(0)
+    model = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=64), "learned")
+    val = load_stdlib_corpus().val
+    long = evaluate(model, val, 64, num_windows=3, batch_size=2, span=64, bands=(16, 32, 48))
+    band = long.loss_per_window_band
+    assert band.shape == (3, 4)
+    torch.testing.assert_close(band.mean(1), long.loss_per_window)  # equal bands: their mean is the window's
+    pieces = evaluate_chunks(model, val, 64, 16, num_windows=3, batch_size=5)
+    assert pieces.shape == (3, 4)
+    torch.testing.assert_close(pieces[:, 0], band[:, 0])  # the first piece has the same context in both
+    assert not torch.allclose(pieces[:, 1:], band[:, 1:])  # the others lose their context
+    short = evaluate(model, val, 16, num_windows=3, batch_size=2, span=64)
+    torch.testing.assert_close(short.loss_per_window, pieces[:, 0])
+    with pytest.raises(ValueError, match="chunk must be a positive int that divides span=64, got 24"):
+        evaluate_chunks(model, val, 64, 24)
+    with pytest.raises(ValueError, match="bands must be increasing positive ints"):
+        evaluate(model, val, 64, bands=(32, 16))
+
+
+def test_task_accuracy_per_row_losses_and_a_position_offset():
+    from posenc.lab import LMConfig, TinyLM
+    from posenc.lab.data import copy_task
+    from posenc.lab.train import task_accuracy
+
+    torch.manual_seed(0)
+    task = lambda b, g: copy_task(b, 4, g)  # noqa: E731
+    nope = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=64), "nope")
+    acc = task_accuracy(nope, task, num_examples=6, batch_size=4)
+    assert len(acc.row_answer_loss) == 6
+    assert abs(sum(acc.row_answer_loss) / 6 - acc.answer_loss) < 1e-5  # rows have equal answer lengths
+    moved = task_accuracy(nope, task, num_examples=6, position_offset=40)  # no position: nothing moves
+    assert moved.row_exact == acc.row_exact and abs(moved.answer_loss - acc.answer_loss) < 1e-5
+    learned = TinyLM(LMConfig(d_model=16, n_layer=1, n_head=2, max_len=64), "learned")
+    assert task_accuracy(learned, task, num_examples=6, position_offset=40).answer_loss != \
+        task_accuracy(learned, task, num_examples=6).answer_loss
+    with pytest.raises(ValueError, match="position_offset must be an int >= 0, got -1"):
+        task_accuracy(nope, task, position_offset=-1)

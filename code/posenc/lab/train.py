@@ -368,6 +368,8 @@ class EvalResult:
     loss_per_position: Tensor  #: (T,) mean loss (nats) of the prediction made at each position
     #: ``(num_windows,)``, the mean loss of each window (the items a bootstrap of the evaluation sample resamples)
     loss_per_window: Optional[Tensor] = None
+    #: ``(num_windows, bands)``, the mean loss of each window over each band of positions (see ``bands`` of :func:`evaluate`)
+    loss_per_window_band: Optional[Tensor] = None
 
     @property
     def loss(self) -> float:
@@ -378,7 +380,7 @@ class EvalResult:
 @torch.no_grad()
 def evaluate(
     model: nn.Module, data: Tensor, seq_len: int, *, num_windows: int = 32, batch_size: int = 16,
-    span: Optional[int] = None, between: bool = False,
+    span: Optional[int] = None, between: bool = False, bands: Sequence[int] = (),
 ) -> EvalResult:
     """Loss at every position of ``num_windows`` evenly spaced windows of length ``seq_len``.
 
@@ -392,9 +394,13 @@ def evaluate(
             evaluations at several lengths up to ``span`` score prefixes of the same windows.
         between: score the ``num_windows - 1`` windows halfway between those windows instead
             (:func:`~posenc.lab.data.eval_windows`): held-out text for choosing a setting.
+        bands: increasing positions ``b_1 < b_2 < ...`` that cut the window into the bands
+            ``[0, b_1), [b_1, b_2), ..., [b_k, T)`` (those below ``T``); the mean loss of each window
+            over each band is returned as ``loss_per_window_band``.
 
     Returns:
-        :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)`` and ``loss_per_window``.
+        :class:`EvalResult` with ``loss_per_position`` of shape ``(T,)``, ``loss_per_window`` and,
+        with ``bands``, ``loss_per_window_band``.
 
     Raises:
         ValueError: if ``data`` is too short, or from the model if ``seq_len`` is beyond what its
@@ -405,20 +411,62 @@ def evaluate(
     device = _device_of(model)
     was_training = model.training
     model.eval()
+    bands = list(bands)
+    if any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bands) or bands != sorted(set(bands)):
+        raise ValueError(f"bands must be increasing positive ints, got {bands!r}")
+    edges = [0, *(b for b in bands if b < seq_len), seq_len]
     x_all, y_all = eval_windows(data, seq_len, num_windows, span=span, between=between)
     num_windows = x_all.shape[0]
     total = torch.zeros(seq_len, dtype=torch.float64)
-    per_window = []
+    per_window, per_band = [], []
     try:
         for i in range(0, num_windows, batch_size):
             x, y = x_all[i : i + batch_size].to(device), y_all[i : i + batch_size].to(device)
             loss = next_token_loss(model(x), y, reduction="none")  # (b, T)
             total += loss.sum(0).double().cpu()  # (T,)
             per_window.append(loss.double().mean(1).cpu())  # (b,)
+            if bands:
+                per_band.append(torch.stack([loss[:, lo:hi].double().mean(1).cpu() for lo, hi in zip(edges, edges[1:])], 1))
     finally:
         model.train(was_training)
     return EvalResult(seq_len=seq_len, num_windows=num_windows, loss_per_position=(total / num_windows).float(),
-                      loss_per_window=torch.cat(per_window).float())
+                      loss_per_window=torch.cat(per_window).float(),
+                      loss_per_window_band=torch.cat(per_band).float() if bands else None)
+
+
+@torch.no_grad()
+def evaluate_chunks(
+    model: nn.Module, data: Tensor, span: int, chunk: int, *, num_windows: int = 32, batch_size: int = 16,
+) -> Tensor:
+    """The windows :func:`evaluate` scores at length ``span``, cut into pieces of ``chunk`` tokens
+    and each piece scored alone, from position 0.
+
+    With ``evaluate(model, data, span, span=span, bands=(chunk, 2 * chunk, ...))`` this scores the
+    same tokens (with the same targets) twice: in the long window, with everything before them as
+    context and at positions past ``chunk``, and alone, as a model trained on ``chunk``-token windows
+    saw text. Their difference, window by window, is what the long window costs or gains.
+
+    Returns:
+        ``(num_windows, span // chunk)``: the mean loss of each piece.
+
+    Raises:
+        ValueError: if ``chunk`` does not divide ``span``.
+    """
+    if not isinstance(chunk, int) or chunk < 1 or span % chunk:
+        raise ValueError(f"chunk must be a positive int that divides span={span}, got {chunk!r}")
+    device = _device_of(model)
+    was_training = model.training
+    model.eval()
+    x_all, y_all = eval_windows(data, span, num_windows, span=span)
+    x_all, y_all = x_all.reshape(-1, chunk), y_all.reshape(-1, chunk)  # (num_windows * pieces, chunk)
+    losses = []
+    try:
+        for i in range(0, x_all.shape[0], batch_size):
+            x, y = x_all[i : i + batch_size].to(device), y_all[i : i + batch_size].to(device)
+            losses.append(next_token_loss(model(x), y, reduction="none").double().mean(1).cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(losses).reshape(-1, span // chunk).float()
 
 
 def evaluate_lengths(
@@ -445,17 +493,22 @@ class TaskAccuracy:
     answer_loss: float  #: mean cross-entropy (nats) on the answer tokens
     #: 1 for each row whose every answer token is right, else 0, in the order drawn (for a bootstrap)
     row_exact: tuple[int, ...] = ()
+    #: each row's mean cross-entropy (nats) on its answer tokens, in the order drawn
+    row_answer_loss: tuple[float, ...] = ()
 
 
 @torch.no_grad()
 def task_accuracy(
     model: nn.Module, task: Callable[[int, torch.Generator], Task], *, num_examples: int = 512,
-    seed: int = 12345, batch_size: int = 64,
+    seed: int = 12345, batch_size: int = 64, position_offset: int = 0,
 ) -> TaskAccuracy:
     """Greedy, teacher-forced accuracy on ``num_examples`` fresh examples of ``task``.
 
     The examples come from their own generator (``seed``), so they differ from the training
-    stream of :func:`train_task` (whose seed is ``cfg.seed``) except by chance.
+    stream of :func:`train_task` (whose seed is ``cfg.seed``) except by chance. With
+    ``position_offset`` the rows are read at positions ``offset, offset + 1, ...`` instead of
+    ``0, 1, ...`` (the model must take ``positions``, as :class:`~posenc.lab.lm.TinyLM` does): the
+    same rows, as far into a sequence as a longer one would put them.
 
     Raises:
         ValueError: if ``num_examples`` or ``batch_size`` is not a positive int.
@@ -463,6 +516,8 @@ def task_accuracy(
     for name, value in (("num_examples", num_examples), ("batch_size", batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(position_offset, int) or isinstance(position_offset, bool) or position_offset < 0:
+        raise ValueError(f"position_offset must be an int >= 0, got {position_offset!r}")
     device = _device_of(model)
     was_training = model.training
     model.eval()
@@ -470,18 +525,26 @@ def task_accuracy(
     right = total = rows_right = 0
     loss_sum = 0.0
     row_exact: list[int] = []
+    row_loss: list[float] = []
     try:
         for start in range(0, num_examples, batch_size):
             batch = task(min(batch_size, num_examples - start), generator)
             x, y, mask = (t.to(device) for t in (batch.inputs, batch.targets, batch.mask))
-            logits = model(x)  # (B, T, V)
+            if position_offset:
+                logits = model(x, torch.arange(position_offset, position_offset + x.shape[1], device=device))
+            else:
+                logits = model(x)  # (B, T, V)
             hit = (logits.argmax(-1) == y) | ~mask  # (B, T), True off the answer
             right += int((hit & mask).sum())
             total += int(mask.sum())
             rows_right += int(hit.all(-1).sum())
             row_exact += hit.all(-1).int().tolist()
-            loss_sum += float(next_token_loss(logits, y, reduction="none")[mask].sum())
+            token_loss = next_token_loss(logits, y, reduction="none")  # (B, T)
+            loss_sum += float(token_loss[mask].sum())
+            on_answer = torch.where(mask, token_loss, torch.zeros_like(token_loss)).double()
+            row_loss += (on_answer.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
     finally:
         model.train(was_training)
     return TaskAccuracy(num_examples=num_examples, token_accuracy=right / total,
-                        exact_match=rows_right / num_examples, answer_loss=loss_sum / total, row_exact=tuple(row_exact))
+                        exact_match=rows_right / num_examples, answer_loss=loss_sum / total, row_exact=tuple(row_exact),
+                        row_answer_loss=tuple(row_loss))

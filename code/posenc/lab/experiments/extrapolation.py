@@ -61,8 +61,12 @@ model trained, every evaluation of it and, for RoPE, its fine-tunes. Command lin
 
 Under the experiments protocol (``protocol=True``, the ``"protocol"`` preset) every length is scored
 on prefixes of the same validation windows (placed for the longest length, so that a change with
-length is a change of the model, not of the text); each evaluation keeps its per-window losses or
-per-example passkey results (for intervals over the evaluation sample); each training run and
+length is a change of the model, not of the text); each evaluation keeps its per-window losses (and
+per window, the loss over each band ``[0, L), [L, 2L), [2L, 4L), ...``) or its per-example passkey
+results and answer losses (for intervals over the evaluation sample); two controls separate a
+longer context from positions past ``L``: the longest windows cut into pieces of ``L``, each
+scored alone (``loss_per_window_chunk_of_longest`` on the record at ``L``), and passkey rows of
+``L`` read at the positions a longer row ends at (``position_offset``); each training run and
 fine-tune records its learning curve at ``L`` and at the longest length; each method's LM trains
 with the multiplier of its knob that the methods protocol study chose (``lm_mults``;
 ``--tuned-from`` reads them, :func:`tuned_mults`; the passkey task is not tuned, and its records
@@ -107,7 +111,7 @@ from posenc.lab.experiments.variants import rope_variant, scaling_config, varian
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod, build_method
 from posenc.rope import RotaryEmbedding
-from posenc.lab.train import TrainConfig, evaluate, task_accuracy, train, train_task
+from posenc.lab.train import TrainConfig, evaluate, evaluate_chunks, task_accuracy, train, train_task
 
 #: The module's command, stored in the records.
 COMMAND = ("python", "-m", "posenc.lab.experiments.extrapolation")
@@ -240,34 +244,41 @@ def _train_record(study: ExtrapolationStudy, model: TinyLM, history, cfg: TrainC
 # --------------------------------------------------------------------------- evaluation
 
 
-def _evaluate(study: ExtrapolationStudy, model: TinyLM, task: str, length: int) -> list[dict]:
-    """Scores of ``model`` at one length: the LM loss, or the passkey accuracy at every depth."""
+def _evaluate(study: ExtrapolationStudy, model: TinyLM, task: str, length: int, position_offset: int = 0) -> list[dict]:
+    """Scores of ``model`` at one length: the LM loss, or the passkey accuracy at every depth (with
+    ``position_offset``, rows of ``length`` read that far into the sequence)."""
     if task == "lm":
         # under the protocol every length scores prefixes of the same windows (placed for the longest)
         span = study.eval_lengths[-1] if study.protocol else None
+        bands = [n for n in study.eval_lengths if n < length] if study.protocol else ()
         result = evaluate(model, load_stdlib_corpus().val, length, num_windows=study.eval_windows,
-                          batch_size=study.eval_batch, span=span)
+                          batch_size=study.eval_batch, span=span, bands=bands)
         score = {"depth": None, "loss": result.loss,
                  "loss_per_position": [round(x, 4) for x in result.loss_per_position.tolist()]}
         if study.protocol:
             score["loss_per_window"] = [round(x, 5) for x in result.loss_per_window.tolist()]
+            if bands:  # per window, the mean loss over [0, L), [L, 2L), [2L, 4L), ... up to this length
+                score["loss_per_window_band"] = [[round(x, 5) for x in row] for row in result.loss_per_window_band.tolist()]
         return [score]
     out = []
     for depth in study.depths:
         acc = task_accuracy(model, _passkey(study, length, float(depth)), num_examples=study.eval_examples,
-                            batch_size=study.eval_batch)
+                            batch_size=study.eval_batch, position_offset=position_offset)
         out.append({"depth": float(depth), "exact_match": acc.exact_match, "token_accuracy": acc.token_accuracy,
                     "answer_loss": acc.answer_loss, "num_examples": acc.num_examples})
         if study.protocol:  # the same examples for every method (task_accuracy's own seed)
             out[-1]["row_exact"] = "".join(str(v) for v in acc.row_exact)
+            out[-1]["row_answer_loss"] = [round(x, 4) for x in acc.row_answer_loss]
     return out
 
 
-def evaluation_plan(study: ExtrapolationStudy, model: TinyLM) -> list[dict]:
+def evaluation_plan(study: ExtrapolationStudy, model: TinyLM, task: str = "lm") -> list[dict]:
     """What a freshly trained model is evaluated with: ``{"logn", "scaling", "factor", "eval_length"}`` each.
 
     Plain at every length; log-n past ``L`` (if ``study.logn``); for a RoPE model, each zero-shot
     scaling past ``L`` with ``factor = eval_length / L``. (Both variants are the identity at ``L``.)
+    Under the protocol, for the passkey, also rows of ``L`` read at ``position_offset = n - L`` for
+    each longer length ``n``: the positions a row of ``n`` ends at, without its longer context.
     """
     L = study.train_length
     plan = [{"logn": False, "scaling": "none", "factor": 1.0, "eval_length": n} for n in study.eval_lengths]
@@ -277,6 +288,9 @@ def evaluation_plan(study: ExtrapolationStudy, model: TinyLM) -> list[dict]:
     if isinstance(model.position, RotaryEmbedding):
         plan += [{"logn": False, "scaling": s, "factor": n / L, "eval_length": n}
                  for s in study.scalings for n in longer]
+    if study.protocol and task == "passkey":  # the control: rows of L at the positions a row of n ends at
+        plan += [{"logn": False, "scaling": "none", "factor": 1.0, "eval_length": L, "position_offset": n - L}
+                 for n in longer]
     return plan
 
 
@@ -292,7 +306,7 @@ def _run_plan(study, model, task, plan, base: dict, ddp: Optional[DistContext]) 
             evaluated = rope_variant(model, scaling, entry["eval_length"])
         if entry["logn"]:
             evaluated = variant(evaluated, logn_length=study.train_length)
-        for score in _evaluate(study, evaluated, task, entry["eval_length"]):
+        for score in _evaluate(study, evaluated, task, entry["eval_length"], entry.get("position_offset", 0)):
             records.append({"kind": "eval", **base, **entry, **score})
     gathered = distributed.gather_to_main(records, ctx)
     return [] if gathered is None else [r for part in gathered for r in part]
@@ -353,7 +367,14 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
             records[0]["untrained_rows_restored"] = True
     if task == "lm":
         records[0]["corpus"] = load_stdlib_corpus().fingerprint
-    records += _run_plan(study, model, task, evaluation_plan(study, model), {**base, "finetune": None}, ddp)
+    records += _run_plan(study, model, task, evaluation_plan(study, model, task), {**base, "finetune": None}, ddp)
+    if study.protocol and task == "lm" and (ddp is None or ddp.is_main):
+        # the control: the longest windows cut into pieces of L, each scored alone (evaluate_chunks)
+        chunks = evaluate_chunks(model, load_stdlib_corpus().val, study.eval_lengths[-1], L,
+                                 num_windows=study.eval_windows, batch_size=study.eval_batch)
+        at_L = next(r for r in records if r["kind"] == "eval" and r["eval_length"] == L and not r["logn"]
+                    and r["scaling"] == "none" and r.get("position_offset") is None)
+        at_L["loss_per_window_chunk_of_longest"] = [[round(x, 5) for x in row] for row in chunks.tolist()]
     if isinstance(model.position, RotaryEmbedding) and study.finetune_steps > 0:
         n = study.finetune_window
         ft_cfg = TrainConfig(steps=study.finetune_steps, batch_size=study.finetune_batch or max(1, batch * L // n),
@@ -384,9 +405,9 @@ def cell_id(method: str, seed: int, task: str) -> str:
 
 
 def record_key(record: dict) -> tuple:
-    """What identifies a record: kind, method, seed, task, log-n, scaling, fine-tune, length, depth."""
+    """What identifies a record: kind, method, seed, task, log-n, scaling, fine-tune, length, depth, position offset."""
     return tuple(record.get(k) for k in ("kind", "method", "seed", "task", "logn", "scaling", "finetune",
-                                         "eval_length", "depth"))
+                                         "eval_length", "depth", "position_offset"))
 
 
 def cell_cost(study: ExtrapolationStudy, method: str, task: str) -> float:

@@ -21,8 +21,11 @@ import numpy as np
 def variant_label(record: dict) -> str:
     """How a record's model is named in the figures: ``"rope"``, ``"alibi + log-n"``,
     ``"rope, yarn zero-shot"``, ``"rope, linear fine-tuned"``, ``"rope, unscaled fine-tuned"`` (the
-    control: fine-tuned with RoPE's own frequencies, ``finetune = "default"``)."""
+    control: fine-tuned with RoPE's own frequencies, ``finetune = "default"``), ``"alibi, shifted 896"``
+    (rows of ``L`` read at ``position_offset`` 896, the protocol's control of the passkey)."""
     label = record["method"]
+    if record.get("position_offset"):
+        label += f", shifted {record['position_offset']}"
     if record.get("finetune"):
         label += f", {'unscaled' if record['finetune'] == 'default' else record['finetune']} fine-tuned"
     elif record.get("scaling", "none") != "none":
