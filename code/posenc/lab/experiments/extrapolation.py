@@ -71,7 +71,7 @@ fine-tune records its learning curve at ``L`` and at the longest length; each me
 with the multiplier of its knob that the methods protocol study chose (``lm_mults``;
 ``--tuned-from`` reads them, :func:`tuned_mults`; the passkey task is not tuned, and its records
 say ``"tuned": false``); the rows of a position table past ``L``, which no data reaches, are put
-back to their initial values after training (:func:`_restore_untrained_rows`: weight decay alone
+back to their initial values after training (``_restore_untrained_rows``; weight decay alone
 had moved them, by an amount the multiplier sets); and the fine-tune without scaling, the control
 of position interpolation, gets ``finetune_control_steps``. A file holding a study with other
 settings is refused::
@@ -495,7 +495,7 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
     return load_records(out) if ctx.is_main and out.exists() else None
 
 
-#: Fields a study may change and still add to a stored file: its grid (methods, seeds, tasks).
+#: The fields that may differ between a study and the stored file it adds to (the grid of methods, seeds and tasks).
 GRID_FIELDS = ("methods", "seeds", "tasks")
 
 

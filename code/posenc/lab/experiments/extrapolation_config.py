@@ -191,13 +191,13 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
 ]
 
 
-#: Named configurations: ``"cpu"`` (the defaults), ``"protocol"`` (the CPU model under the experiments
-#: protocol: the methods study's budgets, 4,000 LM steps (``compare.PROTOCOL_LM_STEPS``) and 3,000
-#: passkey steps (``compare.PROTOCOL_COPY_STEPS``); 256 windows and 128 passkey examples per depth at
-#: each length; fine-tunes of 100 steps, and 1,000 for the control without scaling, ten times as
-#: many as in Chen et al.'s comparison of position interpolation with plain fine-tuning (arXiv:2306.15595,
-#: 1,000 against 10,000 steps); the tuned multipliers come with ``--tuned-from``) and ``"gpu"``
-#: (wider, deeper, longer, L = 1024).
+#: The named configurations, ``"cpu"`` (the defaults), ``"protocol"`` and ``"gpu"``. ``"protocol"`` is
+#: the CPU model under the experiments protocol, with the methods study's budgets (4,000 LM steps as
+#: ``compare.PROTOCOL_LM_STEPS`` and 3,000 passkey steps as ``compare.PROTOCOL_COPY_STEPS``), 256
+#: windows and 128 passkey examples per depth at each length, fine-tunes of 100 steps and 1,000 for
+#: the control without scaling (ten times as many, as in Chen et al.'s comparison of position
+#: interpolation with plain fine-tuning, arXiv:2306.15595, 1,000 against 10,000 steps), and the
+#: tuned multipliers given with ``--tuned-from``. ``"gpu"`` is wider, deeper and longer (L = 1024).
 PRESETS: dict[str, ExtrapolationStudy] = {
     "cpu": ExtrapolationStudy(),
     "protocol": ExtrapolationStudy(protocol=True, lm_steps=4000, passkey_steps=3000, eval_windows=256, eval_examples=128,
