@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from posenc.rope import apply_rope, apply_rope_eager, rope_cos_sin
+from posenc.rope import apply_rope, apply_rope_eager, inverse_frequencies, rope_cos_sin
 from posenc.rope import packed
 from posenc.rope import rotation
 
@@ -18,8 +18,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def table(T: int, R: int, start: int = 0):
-    inv = 10000.0 ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
-    return rope_cos_sin(torch.arange(start, start + T), inv.float())
+    """cos/sin ``(T, R/2)`` of positions ``start .. start + T - 1`` (as tests/test_rope.py's ``cos_sin``)."""
+    return rope_cos_sin(torch.arange(start, start + T), inverse_frequencies(R)[0])
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

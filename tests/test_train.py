@@ -575,3 +575,10 @@ def test_task_accuracy_per_row_losses_and_a_position_offset():
         task_accuracy(learned, task, num_examples=6).answer_loss
     with pytest.raises(ValueError, match="position_offset must be an int >= 0, got -1"):
         task_accuracy(nope, task, position_offset=-1)
+
+
+def test_curve_steps_are_evenly_spaced_and_end_at_the_last_step():
+    from posenc.lab.train import curve_steps
+
+    assert curve_steps(4000, 8) == [500, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
+    assert curve_steps(3, 8) == [1, 2, 3]  # fewer steps than points: each step once

@@ -269,6 +269,12 @@ def param_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     return groups
 
 
+def curve_steps(steps: int, points: int) -> list[int]:
+    """``points`` evenly spaced steps of a run of ``steps`` (after ``S/points, 2S/points, ..., S``),
+    for ``curve_at`` of :func:`train` and :func:`train_task`."""
+    return sorted({max(1, round(steps * i / points)) for i in range(1, points + 1)})
+
+
 def _check_curve(curve_at: Sequence[int], measure, steps: int) -> list[int]:
     at = sorted(set(curve_at))
     if at and measure is None:

@@ -405,7 +405,7 @@ def _apply_full_width(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tenso
     # ``roll`` rather than ``cat`` of the two halves or ``flip`` of each pair: a single copy kernel,
     # the fastest of those on the CPU (``flip`` is twice as slow at a decoding step)
     swapped = xw.roll(R // 2, -1) if layout == "half" else xw.unflatten(-1, (R // 2, 2)).roll(1, -1).flatten(-2)
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+    if _needs_grad(x, cos, sin):
         y = xw * c + swapped * s
     else:  # in place on the new tensors only: x is never written
         y = (xw.mul_(c) if widened else xw * c).add_(swapped.mul_(s))

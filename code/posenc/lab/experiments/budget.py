@@ -34,7 +34,7 @@ import torch
 from posenc.lab.data import load_stdlib_corpus
 from posenc.lab.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
 from posenc.lab.lm import LMConfig, TinyLM
-from posenc.lab.train import TrainConfig, evaluate, train
+from posenc.lab.train import TrainConfig, curve_steps, evaluate, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +60,7 @@ def run_cell(study: BudgetStudy, method: str, seed: int, steps: int, device: str
     corpus = load_stdlib_corpus()
     model = TinyLM(dataclasses.replace(study.model, seed=seed), method).to(device)
     cfg = dataclasses.replace(study.lm, steps=steps, seed=seed, warmup_steps=min(study.lm.warmup_steps, steps))
-    at = sorted({max(1, round(steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)})
+    at = curve_steps(steps, study.curve_points)
     start = time.perf_counter()
     history = train(model, corpus.train, cfg, curve_at=at,
                     measure=lambda m: {"val_loss": round(evaluate(m, corpus.val, cfg.seq_len,

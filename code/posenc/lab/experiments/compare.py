@@ -45,7 +45,7 @@ from posenc.lab.data import copy_task, load_stdlib_corpus
 from posenc.lab.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod
-from posenc.lab.train import TrainConfig, evaluate, task_accuracy, train, train_task
+from posenc.lab.train import TrainConfig, curve_steps, evaluate, task_accuracy, train, train_task
 
 #: The settings an arm can be trained in (``"copy-long"`` only in studies with :attr:`Study.copy_long`).
 SETTINGS = ("lm", "copy", "copy-long")
@@ -364,8 +364,7 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
         record.update(knob=knob, mult=float(mult))
     if stop_after is not None:
         record["stopped_after"] = stop_after
-    curve_at = (sorted({max(1, round(cfg.steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)})
-                if study.protocol else ())
+    curve_at = curve_steps(cfg.steps, study.curve_points) if study.protocol else ()
     start = time.perf_counter()
     if setting == "lm":
         corpus = load_stdlib_corpus()

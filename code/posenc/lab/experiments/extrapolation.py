@@ -111,7 +111,7 @@ from posenc.lab.experiments.variants import rope_variant, scaling_config, varian
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod, build_method
 from posenc.rope import RotaryEmbedding
-from posenc.lab.train import TrainConfig, evaluate, evaluate_chunks, task_accuracy, train, train_task
+from posenc.lab.train import TrainConfig, curve_steps, evaluate, evaluate_chunks, task_accuracy, train, train_task
 
 #: The module's command, stored in the records.
 COMMAND = ("python", "-m", "posenc.lab.experiments.extrapolation")
@@ -196,8 +196,7 @@ def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, 
          curve: bool = False):
     """Train ``model`` on ``task`` with ``cfg``, data-parallel over ``ddp``'s ranks if given; with
     ``curve``, measured after ``curve_points`` evenly spaced steps (:func:`_curve_measure`)."""
-    curve_at = sorted({max(1, round(cfg.steps * i / study.curve_points)) for i in range(1, study.curve_points + 1)}
-                      ) if curve else ()
+    curve_at = curve_steps(cfg.steps, study.curve_points) if curve else ()
     measure = _curve_measure(study, task) if curve else None
     if task == "lm":
         data = load_stdlib_corpus().train
