@@ -250,6 +250,34 @@ def test_protocol_studies_are_the_legacy_arms_at_the_protocols_budgets():
     assert PROTOCOL_STUDIES["methods"].copy_length < 16
 
 
+def test_the_copy16_control_is_chapter_7s_copy_task_at_the_legacy_length(tmp_path, monkeypatch):
+    from posenc.lab.experiments import compare
+    from posenc.lab.experiments.compare import PROTOCOL_CONTROLS, PROTOCOL_STUDIES
+
+    control, methods = PROTOCOL_CONTROLS["copy16"], PROTOCOL_STUDIES["methods"]
+    assert control.settings == ("copy",) and control.copy_length == STUDIES["methods"].copy_length == 16
+    assert control.copy == methods.copy and control.model == methods.model and len(control.seeds) == 5
+    assert [a.label for a in control.arms] == ["nope", "alibi", "alibi, bias inside the scaling"]
+    assert str(control.out_path()).endswith("results/protocol/copy16.json")
+    with pytest.raises(ValueError, match="setting must be one of"):
+        run_cell(control, "alibi", 0, "lm")
+    with pytest.raises(SystemExit):                      # a control runs under the protocol only
+        main(["copy16"])
+    # the whole control, shrunk: only copy cells, every seed
+    small = dataclasses.replace(control, model=LMConfig(d_model=16, n_layer=1, n_head=2, max_len=64), copy_length=4,
+                                copy=dataclasses.replace(control.copy, steps=2, batch_size=2, warmup_steps=1),
+                                eval_examples=4, curve_points=1, curve_examples=2, seeds=(0, 1))
+    monkeypatch.setitem(PROTOCOL_CONTROLS, "copy16", small)
+    out = tmp_path / "c.json"
+    main(["copy16", "--protocol", "--arms", "nope", "alibi", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert sorted((r["arm"], r["seed"], r["setting"]) for r in data["records"]) == [
+        ("alibi", 0, "copy"), ("alibi", 1, "copy"), ("nope", 0, "copy"), ("nope", 1, "copy")]
+    assert data["meta"]["command"] == "python -m posenc.lab.experiments.compare copy16 --protocol"
+    assert compare.PROTOCOL_CONTROLS is PROTOCOL_CONTROLS
+    torch.set_num_threads(torch.get_num_threads())
+
+
 def test_a_live_check_reproduces_a_stored_curve_point_from_the_first_steps():
     study = tiny_protocol_study()
     full = run_cell(study, "learned", 0, "lm", mult=10.0)

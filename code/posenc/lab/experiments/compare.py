@@ -136,11 +136,12 @@ class Study:
     curve_points: int = 8  #: measurements along each protocol run (at S/8, 2S/8, ..., S steps)
     curve_windows: int = 64  #: validation windows of an LM curve point
     curve_examples: int = 128  #: copy examples of a copy curve point
+    tasks: tuple[str, ...] = ("lm", "copy")  #: the settings besides ``"copy-long"`` (a control may need one)
 
     @property
     def settings(self) -> tuple[str, ...]:
-        """The settings of this study (``"copy-long"`` only for :attr:`copy_long_arms`)."""
-        return ("lm", "copy") + (("copy-long",) if self.copy_long is not None else ())
+        """The settings of this study: :attr:`tasks`, and ``"copy-long"`` where :attr:`copy_long` is set."""
+        return self.tasks + (("copy-long",) if self.copy_long is not None else ())
 
     def cells(self, arms: Optional[Sequence[str]] = None, seeds: Optional[Sequence[int]] = None,
               settings: Optional[Sequence[str]] = None) -> list[tuple[str, int, str]]:
@@ -296,6 +297,17 @@ PROTOCOL_STUDIES["naive"] = dataclasses.replace(PROTOCOL_STUDIES["naive"], arms=
     PROTOCOL_STUDIES["naive"],
     # chapter 1's raw codes are the point of comparison as they are; the matched ones are tuned
     **{label: {"knob": None} for label in ("integer, raw", "normalised, raw", "binary, raw")}))
+
+#: Controls of the protocol studies, run only under ``--protocol`` (book/results/protocol/NAME.json).
+#: ``copy16``: chapter 7's copy task at the legacy length, 16 letters (the letter to copy 16
+#: positions back), at the protocol's budget, with five seeds: the legacy study found ALiBi below no
+#: position at all after 1,500 steps of this task, and the protocol's 12-letter task did not; this
+#: control tells the length of the task from its budget.
+PROTOCOL_CONTROLS: dict[str, Study] = {
+    "copy16": dataclasses.replace(
+        PROTOCOL_STUDIES["methods"], name="copy16", copy_length=16, seeds=(0, 1, 2, 3, 4), tasks=("copy",),
+        arms=tuple(a for a in PROTOCOL_STUDIES["methods"].arms if a.label in ("nope", "alibi", "alibi, bias inside the scaling"))),
+}
 
 
 def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: str | torch.device = "cpu",
@@ -657,9 +669,10 @@ def _meta(study: Study, records: list[dict]) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posenc.lab.experiments.compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=sorted(STUDIES))
+    parser.add_argument("study", choices=sorted(STUDIES) + sorted(PROTOCOL_CONTROLS))
     parser.add_argument("--protocol", action="store_true",
-                        help="the study under the experiments protocol (PROTOCOL_STUDIES; book/results/protocol/)")
+                        help="the study under the experiments protocol (PROTOCOL_STUDIES, or a control of them, "
+                             "PROTOCOL_CONTROLS; book/results/protocol/)")
     parser.add_argument("--arms", nargs="+", help="arm labels (default: all)")
     parser.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the study's)")
     parser.add_argument("--settings", nargs="+", choices=SETTINGS, help="settings (default: all of the study's)")
@@ -671,8 +684,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     index, count = (int(x) for x in args.shard.split("/"))
     if not 0 <= index < count:
         parser.error(f"--shard must be INDEX/COUNT with 0 <= INDEX < COUNT, got {args.shard}")
+    if args.study in PROTOCOL_CONTROLS and not args.protocol:
+        parser.error(f"{args.study} is a control of the protocol studies: run it with --protocol")
     torch.set_num_threads(args.threads)
-    study = (PROTOCOL_STUDIES if args.protocol else STUDIES)[args.study]
+    study = ((PROTOCOL_STUDIES | PROTOCOL_CONTROLS) if args.protocol else STUDIES)[args.study]
     out = args.out or study.out_path()
     command = shlex.join(["python", "-m", "posenc.lab.experiments.compare", *(argv if argv is not None else sys.argv[1:])])
     run_study(study, out, arms=args.arms, seeds=args.seeds, settings=args.settings, shard=(index, count),
