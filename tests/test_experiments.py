@@ -252,12 +252,13 @@ def test_protocol_studies_are_the_legacy_arms_at_the_protocols_budgets():
 
 def test_the_copy16_control_is_chapter_7s_copy_task_at_the_legacy_length(tmp_path, monkeypatch):
     from posenc.lab.experiments import compare
-    from posenc.lab.experiments.compare import PROTOCOL_CONTROLS, PROTOCOL_STUDIES
+    from posenc.lab.experiments.compare import PROTOCOL_CONTROLS, PROTOCOL_STUDIES, arm_grid
 
     control, methods = PROTOCOL_CONTROLS["copy16"], PROTOCOL_STUDIES["methods"]
     assert control.settings == ("copy",) and control.copy_length == STUDIES["methods"].copy_length == 16
     assert control.copy == methods.copy and control.model == methods.model and len(control.seeds) == 5
-    assert [a.label for a in control.arms] == ["nope", "alibi", "alibi, bias inside the scaling"]
+    assert [a.label for a in control.arms] == ["nope", "alibi", "alibi, bias inside the scaling", "sinusoidal, scale x1"]
+    assert arm_grid(control, "sinusoidal, scale x1") == (1.0,)          # untuned: the legacy scale
     assert str(control.out_path()).endswith("results/protocol/copy16.json")
     with pytest.raises(ValueError, match="setting must be one of"):
         run_cell(control, "alibi", 0, "lm")

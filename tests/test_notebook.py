@@ -131,7 +131,7 @@ def test_protocol_summary_table_and_separation():
     tuned = protocol_summary(recs, study, "val_loss", "lm")
     untuned = protocol_summary(recs, study, "val_loss", "lm", role="untuned")
     assert tuned["b"]["mult"] == 10.0 and untuned["b"]["mult"] == 1.0
-    assert tuned["b"]["values"] == [1.5, 1.51, 1.52] and tuned["a"]["n"] == 3
+    assert tuned["b"]["values"] == [1.5, 1.51, 1.52] and tuned["b"]["seeds"] == [0, 1, 2] and tuned["a"]["n"] == 3
     assert tuned["a"]["low"] < tuned["a"]["mean"] < tuned["a"]["high"] and tuned["a"]["eval"] > 0
     assert protocol_separated(tuned["a"], tuned["b"])
     text = protocol_table({"loss": tuned}, ["a", "b"]).data

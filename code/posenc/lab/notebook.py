@@ -224,8 +224,9 @@ def protocol_summary(records: list[dict], study, metric: str, setting: str, *, r
         role: ``"tuned"`` (each arm at its chosen multiplier) or ``"untuned"`` (multiplier 1).
 
     Returns:
-        ``{arm: {"values", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms first
-        appear; ``eval`` is ``None`` for a metric without per-item scores, ``mult`` the multiplier.
+        ``{arm: {"values", "seeds", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms
+        first appear; ``values`` in the order of ``seeds``; ``eval`` is ``None`` for a metric without
+        per-item scores, ``mult`` the multiplier.
     """
     from posenc.lab.experiments.compare import select
     from posenc.lab.experiments.stats import eval_half_width, seed_interval
@@ -243,7 +244,7 @@ def protocol_summary(records: list[dict], study, metric: str, setting: str, *, r
         items = None
         if items_key and all(items_key in r for r in rs):
             items = [[float(c) for c in r[items_key]] for r in rs]
-        out[arm] = {"values": values, "mean": sum(values) / len(values), "low": iv.low if iv else math.nan,
+        out[arm] = {"values": values, "seeds": [r["seed"] for r in rs], "mean": sum(values) / len(values), "low": iv.low if iv else math.nan,
                     "high": iv.high if iv else math.nan, "n": len(values),
                     "eval": eval_half_width(items) if items else None, "mult": rs[0].get("mult", 1.0)}
     return out

@@ -299,14 +299,16 @@ PROTOCOL_STUDIES["naive"] = dataclasses.replace(PROTOCOL_STUDIES["naive"], arms=
     **{label: {"knob": None} for label in ("integer, raw", "normalised, raw", "binary, raw")}))
 
 #: Controls of the protocol studies, run only under ``--protocol`` (book/results/protocol/NAME.json).
-#: ``copy16``: chapter 7's copy task at the legacy length, 16 letters (the letter to copy 16
-#: positions back), at the protocol's budget, with five seeds: the legacy study found ALiBi below no
-#: position at all after 1,500 steps of this task, and the protocol's 12-letter task did not; this
-#: control tells the length of the task from its budget.
+#: ``copy16``: the copy task at the legacy length, 16 letters (the letter to copy 16 positions back),
+#: at the protocol's budget, with five seeds, for the arms whose legacy copy results the protocol's
+#: 12-letter task did not reproduce: it tells the length of the task from its budget. NoPE and
+#: ALiBi (chapter 7: ALiBi below NoPE after 1,500 steps), and the sinusoidal code at its legacy
+#: scale, untuned (chapter 2: far from copying after 1,500 steps).
 PROTOCOL_CONTROLS: dict[str, Study] = {
     "copy16": dataclasses.replace(
         PROTOCOL_STUDIES["methods"], name="copy16", copy_length=16, seeds=(0, 1, 2, 3, 4), tasks=("copy",),
-        arms=tuple(a for a in PROTOCOL_STUDIES["methods"].arms if a.label in ("nope", "alibi", "alibi, bias inside the scaling"))),
+        arms=tuple(a for a in PROTOCOL_STUDIES["methods"].arms if a.label in ("nope", "alibi", "alibi, bias inside the scaling"))
+        + (Arm("sinusoidal, scale x1", "sinusoidal", knob=None),)),
 }
 
 
