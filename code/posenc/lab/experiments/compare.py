@@ -140,7 +140,7 @@ class Study:
 
     @property
     def settings(self) -> tuple[str, ...]:
-        """The settings of this study: :attr:`tasks`, and ``"copy-long"`` where :attr:`copy_long` is set."""
+        """The settings of this study (its :attr:`tasks`, and ``"copy-long"`` where :attr:`copy_long` is set)."""
         return self.tasks + (("copy-long",) if self.copy_long is not None else ())
 
     def cells(self, arms: Optional[Sequence[str]] = None, seeds: Optional[Sequence[int]] = None,
