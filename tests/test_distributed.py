@@ -152,7 +152,7 @@ def records(path: Path) -> dict:
 
 
 PROVENANCE = {"seconds", "cell_seconds", "finished", "command", "commit", "dirty", "torch", "python", "machine",
-              "cpu_count", "threads", "device", "rank"}
+              "cpu_capability", "cpu_count", "threads", "device", "rank"}
 
 
 def test_two_processes_under_torchrun_share_the_grid_and_store_the_records_of_one(tmp_path):

@@ -350,3 +350,31 @@ def test_two_shards_share_the_extensions_of_the_grid_and_both_finish(tmp_path):
     records = load_records(out)["records"]
     assert sorted(r["arm"] for r in select(records, study, "tuning")) == ["learned"] * 3 + ["sinusoidal"] * 3
     assert len(select(records, study, "tuned")) == 6
+
+
+def test_check_rerun_holds_the_early_losses_everywhere_and_the_final_value_by_processor():
+    from posenc.lab.experiments.records import (EARLY_TOLERANCE, OTHER_PROCESSOR_TOLERANCE, SAME_PROCESSOR_TOLERANCE,
+                                                check_rerun, cpu_name)
+
+    losses = [5.0 - 0.01 * i for i in range(30)]
+    here = {"machine": cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    stored = dict(here, train_loss_every_10=losses)
+    live = {"train_loss_every_10": [x + 1e-4 for x in losses]}
+    ok = check_rerun(live, stored, 2.0, 2.0)
+    assert ok.same_processor and ok.tolerance == SAME_PROCESSOR_TOLERANCE and ok.gap == 0 and ok.early_gap < 2e-4
+    with pytest.raises(AssertionError, match="final values by 1.00e-02"):
+        check_rerun(live, stored, 2.01, 2.0)                              # same processor: 2e-3
+    assert not check_rerun(live, dict(stored, cpu_capability="another set"), 2.01, 2.0).same_processor
+    other = dict(stored, machine="another CPU")
+    assert check_rerun(live, other, 2.01, 2.0).tolerance == OTHER_PROCESSOR_TOLERANCE
+    with pytest.raises(AssertionError, match="another CPU"):
+        check_rerun(live, other, 2.1, 2.0)
+    wrong_seed = {"train_loss_every_10": [x + 2 * EARLY_TOLERANCE for x in losses]}
+    with pytest.raises(AssertionError, match="first 200 steps"):
+        check_rerun(wrong_seed, other, 2.0, 2.0)                          # early losses: on any processor
+    assert check_rerun({"train_loss_every_10": losses[:5] + [0.0] * 25}, stored, 2.0, 2.0, early_steps=50).early_gap == 0
+    for bad in (0, 15, 2.5, True):
+        with pytest.raises(ValueError, match="early_steps must be a positive multiple of 10"):
+            check_rerun(live, stored, 2.0, 2.0, early_steps=bad)
+    with pytest.raises(ValueError, match="the live record has 3"):
+        check_rerun({"train_loss_every_10": losses[:3]}, stored, 2.0, 2.0)

@@ -118,7 +118,7 @@ def test_stored_study_reads_the_file_or_says_how_to_make_it(tmp_path):
 
 def test_protocol_summary_table_and_separation():
     from posenc.lab.experiments.compare import Arm, Study
-    from posenc.lab.notebook import protocol_separated, protocol_summary, protocol_table
+    from posenc.lab.notebook import interval_text, protocol_separated, protocol_summary, protocol_table
 
     study = Study("t", (Arm("a", "nope"), Arm("b", "learned")), seeds=(0, 1, 2), protocol=True, tuning_seed=9,
                   grid=(1.0, 10.0))
@@ -136,6 +136,9 @@ def test_protocol_summary_table_and_separation():
     assert protocol_separated(tuned["a"], tuned["b"])
     text = protocol_table({"loss": tuned}, ["a", "b"]).data
     assert "| a | 2.010 [" in text and "] ± " in text
+    a = tuned["a"]
+    assert interval_text(a) == f"2.010 [{a['low']:.3f}, {a['high']:.3f}]" and interval_text(a, 1).startswith("2.0 [")
+    assert interval_text(a) in text                                  # the table writes the same text
 
 
 def test_plot_intervals_and_curves_draw_every_arm():

@@ -258,6 +258,36 @@ def protocol_separated(a: dict, b: dict, *, paired: bool = False) -> bool:
     return is_separated(a["values"], b["values"], paired=paired)
 
 
+def glue_rerun(prefix: str, checks) -> None:
+    """Glue what live reruns of stored runs found (:func:`posenc.lab.experiments.records.check_rerun`),
+    for a chapter's text: ``PREFIX-diff``, the largest difference of the final values (``"0"`` when
+    exact); ``PREFIX-early``, the largest difference of the training losses over the first steps;
+    ``PREFIX-processor``, "the kind of processor that made the stored runs" or "another kind of
+    processor than the one that made the stored runs".
+
+    Args:
+        prefix: the glue names' prefix.
+        checks: the :class:`~posenc.lab.experiments.records.Rerun` results (at least one).
+
+    Raises:
+        ValueError: if ``checks`` is empty.
+    """
+    checks = list(checks)
+    if not checks:
+        raise ValueError("checks must hold at least one Rerun, got none")
+    gap, early = max(c.gap for c in checks), max(c.early_gap for c in checks)
+    glue(f"{prefix}-diff", "0" if gap == 0 else f"{gap:.0e}")
+    glue(f"{prefix}-early", "0" if early == 0 else f"{early:.0e}")
+    glue(f"{prefix}-processor", "the kind of processor that made the stored runs" if all(c.same_processor for c in checks)
+         else "another kind of processor than the one that made the stored runs")
+
+
+def interval_text(summary: dict, digits: int = 3) -> str:
+    """``"mean [low, high]"``: a summary of :func:`protocol_summary` with its 95 % interval over seeds."""
+    d = digits
+    return f"{summary['mean']:.{d}f} [{summary['low']:.{d}f}, {summary['high']:.{d}f}]"
+
+
 def protocol_table(columns: dict[str, dict[str, dict]], order: list[str], digits: dict[str, int] | None = None,
                    extra: dict[str, dict[str, str]] | None = None):
     """A Markdown table of ``mean [95 % interval over seeds] ± evaluation half-width`` per arm, one
@@ -273,8 +303,7 @@ def protocol_table(columns: dict[str, dict[str, dict]], order: list[str], digits
             if s is None:
                 cells.append("–")
                 continue
-            text = f"{s['mean']:.{d}f} [{s['low']:.{d}f}, {s['high']:.{d}f}]"
-            cells.append(text + (f" ± {s['eval']:.{d}f}" if s["eval"] is not None else ""))
+            cells.append(interval_text(s, d) + (f" ± {s['eval']:.{d}f}" if s["eval"] is not None else ""))
         cells += [texts.get(arm, "–") for texts in extra.values()]
         rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     return Markdown("\n".join(rows))

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Iterator, Sequence
 
@@ -40,6 +41,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_capability() -> str:
+    """The instruction set PyTorch's CPU kernels dispatch to here (``"AVX2"``, ``"AVX512"``, ...; ``""`` if unknown).
+
+    Two processors with the same model name can differ in it (AMD EPYC generations do), and kernels of
+    different instruction sets round some operations differently.
+    """
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return get() if get is not None else ""
+
+
 def provenance(device: str | torch.device) -> dict:
     """What produced a result: commit, whether ``code/`` had uncommitted changes, versions, hardware.
 
@@ -49,8 +60,8 @@ def provenance(device: str | torch.device) -> dict:
         device: the device the run uses (a CUDA device is named by its GPU, the CPU by its model).
 
     Returns:
-        ``{"commit", "dirty", "torch", "python", "machine", "cpu_count", "threads", "device"}``
-        (``commit`` is ``""`` outside a git checkout).
+        ``{"commit", "dirty", "torch", "python", "machine", "cpu_capability", "cpu_count", "threads", "device"}``
+        (``commit`` is ``""`` outside a git checkout; ``cpu_capability`` is :func:`cpu_capability`).
     """
     def git(*args: str) -> str:
         try:
@@ -62,7 +73,80 @@ def provenance(device: str | torch.device) -> dict:
     hardware = torch.cuda.get_device_name(torch.device(dev)) if dev.startswith("cuda") else cpu_name()
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "code")),
             "torch": torch.__version__, "python": platform.python_version(), "machine": hardware,
-            "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": dev}
+            "cpu_capability": cpu_capability(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(), "device": dev}
+
+
+#: How far a live rerun's 10-step mean training losses may be from the stored run's over its first
+#: steps, on any processor (:func:`check_rerun`): rounding differences have not grown yet there.
+EARLY_TOLERANCE = 1e-3
+#: How far a live rerun's final value may be from the stored one on the processor, torch version and
+#: thread count that made the stored run (where the same code, seed and data give the same numbers).
+SAME_PROCESSOR_TOLERANCE = 2e-3
+#: ... and on another processor, whose kernels round some operations differently: training amplifies
+#: such differences (after 500 steps of the tiny LM, measured up to 0.015 nats/byte between an Intel
+#: Xeon and an AMD EPYC), so the bound there only catches a gross error.
+OTHER_PROCESSOR_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """What :func:`check_rerun` found."""
+
+    early_gap: float  #: largest ``|difference|`` of the 10-step mean training losses over the first steps
+    early_steps: int  #: how many first steps ``early_gap`` covers
+    gap: float  #: ``|live_value - stored_value|``
+    same_processor: bool  #: whether the live run ran on the processor, torch and threads of the stored run
+    tolerance: float  #: the bound ``gap`` was held to
+
+
+def check_rerun(live: dict, stored: dict, live_value: float, stored_value: float, *, early_steps: int = 200) -> Rerun:
+    """Check that a live rerun of a stored run is the same run, as far as floating point allows.
+
+    Training amplifies rounding. Two runs with the same code, seed and data on processors whose
+    kernels round some operations differently agree to about ``1e-4`` at first and drift apart
+    later, by a few thousandths of a nat after a few hundred steps. So the check has two parts: the
+    10-step mean training losses (``train_loss_every_10``) of the first ``early_steps`` steps agree
+    to :data:`EARLY_TOLERANCE` on any processor (a wrong seed, scale or step size differs there by
+    0.09 or more in the tiny LM); and the final values agree to :data:`SAME_PROCESSOR_TOLERANCE`
+    where the live run has the stored run's processor (``machine``, and ``cpu_capability`` where the
+    record has it), torch version and thread count, to :data:`OTHER_PROCESSOR_TOLERANCE` elsewhere.
+
+    Args:
+        live: the live run's record (from ``run_cell``), with ``train_loss_every_10``.
+        stored: the stored record, with ``train_loss_every_10``, ``machine``, ``torch`` and ``threads``.
+        live_value: the live run's value to compare (e.g. its last curve point's loss).
+        stored_value: the stored value at the same point.
+        early_steps: how many first steps of training losses to compare (a multiple of 10).
+
+    Returns:
+        A :class:`Rerun`.
+
+    Raises:
+        ValueError: if ``early_steps`` is not a positive multiple of 10, or either record has fewer
+            training losses than that.
+        AssertionError: if the early losses or the final values differ by more than allowed (the
+            message gives both differences).
+    """
+    if isinstance(early_steps, bool) or not isinstance(early_steps, int) or early_steps <= 0 or early_steps % 10:
+        raise ValueError(f"early_steps must be a positive multiple of 10, got {early_steps!r}")
+    n = early_steps // 10
+    a, b = live.get("train_loss_every_10", []), stored.get("train_loss_every_10", [])
+    if min(len(a), len(b)) < n:
+        raise ValueError(f"early_steps={early_steps} needs {n} training losses in each record; "
+                         f"the live record has {len(a)}, the stored one {len(b)}")
+    early_gap = max(abs(x - y) for x, y in zip(a[:n], b[:n]))
+    same = (stored.get("machine") == cpu_name() and stored.get("torch") == torch.__version__
+            and stored.get("threads") == torch.get_num_threads()
+            and stored.get("cpu_capability", cpu_capability()) == cpu_capability())
+    tolerance = SAME_PROCESSOR_TOLERANCE if same else OTHER_PROCESSOR_TOLERANCE
+    gap = abs(live_value - stored_value)
+    result = Rerun(early_gap, early_steps, gap, same, tolerance)
+    if early_gap > EARLY_TOLERANCE or gap > tolerance:
+        raise AssertionError(f"the live rerun is not the stored run: training losses of the first {early_steps} steps "
+                             f"differ by up to {early_gap:.2e} (allowed {EARLY_TOLERANCE:g}), final values by {gap:.2e} "
+                             f"(allowed {tolerance:g} {'on the same' if same else 'on another'} processor: "
+                             f"{cpu_name()} here, {stored.get('machine')!r} stored)")
+    return result
 
 
 def stamp(record: dict, provenance: dict, command: str) -> dict:
