@@ -93,6 +93,9 @@ def test_the_tables_study_measures_each_trained_model():
         assert key in plain, key
     assert plain["penalty_at_start"] == 0.0 and 0 < plain["decay"] < 1
     assert plain["untrained_change"] < 1e-6                   # rows 16..31 only decayed: no gradient reached them
+    # at a multiplier of the table's learning rate, AdamW decays the table at that rate too
+    fast = run_cell(study, "learned", 0, "lm", mult=10.0)
+    assert fast["decay"] < plain["decay"] and fast["untrained_change"] < 1e-6
     assert plain["rank_truncation"]["16"] == pytest.approx(0.0, abs=1e-5)   # full rank: the same table
     penalised = run_cell(study, "difference", 0, "lm")
     assert penalised["penalty_at_start"] == pytest.approx(0.1, rel=1e-4)    # the lambda rule

@@ -105,6 +105,9 @@ class TrainedRun:
     initial_position: dict[str, torch.Tensor]  #: ``model.position.state_dict()`` before training (copies)
     history: object  #: the :class:`~posenc.lab.train.TrainResult` of the run
     corpus: object  #: the :class:`~posenc.lab.data.Corpus` the LM was trained on (``None`` for ``"copy"``)
+    #: the multiplier of the position parameters' learning rate (``TrainConfig.position_lr_mult``); AdamW's
+    #: decoupled weight decay of those parameters is scaled by it too
+    position_lr_mult: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -398,7 +401,8 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
                                      for n in study.other_lengths}
         record["corpus"] = corpus.fingerprint
         if study.measure is not None:
-            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, corpus)))
+            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, corpus,
+                                                                  cfg.position_lr_mult)))
     else:
         task = _copy_sampler(study.copy_length)
 
@@ -416,7 +420,8 @@ def run_cell(study: Study, arm: Arm | str, seed: int, setting: str, *, device: s
                 record["tune_answer_loss"] = task_accuracy(model, task, num_examples=study.eval_examples,
                                                            seed=TUNE_EXAMPLES_SEED).answer_loss
         if study.measure is not None:
-            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, None)))
+            record.update(study.measure(model, TrainedRun(study, arm, seed, setting, initial_position, history, None,
+                                                                  cfg.position_lr_mult)))
     record["train_loss_every_10"] = [round(x, 4) for x in history.smoothed(10)[9::10]]
     if study.protocol:
         record["curve"] = history.curve

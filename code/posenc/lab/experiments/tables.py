@@ -186,7 +186,9 @@ def measure_table_run(model: nn.Module, run) -> dict:
     windows (128 of them); ``control`` (:func:`context_control`); ``trained_rows`` and
     ``untrained_rows`` (:func:`table_stats` of rows ``0 .. n-1`` against the sinusoidal table, and
     the smoothness and relative norm of the others). For the plain, registered :class:`~posenc.absolute.LearnedPE`
-    (no penalty, no custom builder), also: ``decay`` (the product of ``1 - lr_t * weight_decay``), ``untrained_change`` (largest
+    (no penalty, no custom builder), also: ``decay`` (the product of ``1 - m * lr_t * weight_decay``, ``m`` the
+    run's :attr:`~posenc.lab.experiments.compare.TrainedRun.position_lr_mult`: AdamW's decoupled decay of the table at
+    the table's own learning rate), ``untrained_change`` (largest
     ``|P - decay * P_init|`` over rows ``n ..``), ``delta_rows`` (stats of ``P - decay * P_init``),
     ``rank_truncation`` (loss change at the training length when rows ``0 .. n-1`` are replaced by
     their best rank-``k`` approximation), ``replaced_rows`` (``outside`` with rows ``n ..`` set to
@@ -209,7 +211,8 @@ def measure_table_run(model: nn.Module, run) -> dict:
                                  norm_ratio=float(table[n:].norm() / table[:n].norm()))
     if type(model.position) is LearnedPE and run.arm.penalty is None and run.arm.build is None:
         weight = model.position.weight
-        decay = math.prod(1 - lr * study.lm.weight_decay for lr in history.lrs)
+        # AdamW decays the table at its own learning rate, the base rate times the run's multiplier
+        decay = math.prod(1 - lr * run.position_lr_mult * study.lm.weight_decay for lr in history.lrs)
         initial = run.initial_position["weight"].to(weight)
         out["decay"] = decay
         out["untrained_change"] = float((weight[n:].detach() - decay * initial[n:]).abs().max())
