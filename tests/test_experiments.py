@@ -378,3 +378,7 @@ def test_check_rerun_holds_the_early_losses_everywhere_and_the_final_value_by_pr
             check_rerun(live, stored, 2.0, 2.0, early_steps=bad)
     with pytest.raises(ValueError, match="the live record has 3"):
         check_rerun({"train_loss_every_10": losses[:3]}, stored, 2.0, 2.0)
+    # another Python's standard library is another corpus: said before any loss is compared
+    with pytest.raises(AssertionError, match="another corpus.*fingerprint aaaa.*bbbb"):
+        check_rerun(dict(live, corpus="aaaa"), dict(stored, corpus="bbbb", python="3.11.7"), 2.0, 2.0)
+    assert check_rerun(dict(live, corpus="aaaa"), dict(stored, corpus="aaaa"), 2.0, 2.0).gap == 0

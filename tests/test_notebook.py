@@ -1,6 +1,7 @@
 """Tests of posenc.lab.notebook: glue with and without MyST-NB, the claims table, and time_ms."""
 
 import builtins
+import math
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,11 @@ def test_protocol_summary_table_and_separation():
     a = tuned["a"]
     assert interval_text(a) == f"2.010 [{a['low']:.3f}, {a['high']:.3f}]" and interval_text(a, 1).startswith("2.0 [")
     assert interval_text(a) in text                                  # the table writes the same text
+    # a fraction's interval stays in [0, 1]; its values, which the tests of separation use, are untouched
+    frac = [{"arm": "a", "setting": "copy", "seed": s, "mult": 1.0, "token_accuracy": v} for s, v in enumerate((0.2, 0.6, 0.99))]
+    wide = protocol_summary(frac, study, "token_accuracy", "copy")["a"]
+    assert (wide["low"], wide["high"]) == (0.0, 1.0) and wide["values"] == [0.2, 0.6, 0.99]
+    assert math.isclose(wide["mean"], 0.5966666, rel_tol=1e-6)
 
 
 def test_plot_intervals_and_curves_draw_every_arm():

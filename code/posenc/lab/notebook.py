@@ -211,6 +211,10 @@ def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str
     return ax
 
 
+#: The metrics that are fractions of items right: :func:`protocol_summary` clips their intervals to ``[0, 1]``.
+FRACTIONS = frozenset({"token_accuracy", "exact_match"})
+
+
 def protocol_summary(records: list[dict], study, metric: str, setting: str, *, role: str = "tuned") -> dict[str, dict]:
     """Per arm of a protocol study: the seeds' values of ``metric`` in ``setting``, their mean with
     its 95 % interval over seeds, and the evaluation-sample half-width (bootstrap over each seed's
@@ -226,7 +230,9 @@ def protocol_summary(records: list[dict], study, metric: str, setting: str, *, r
     Returns:
         ``{arm: {"values", "seeds", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms
         first appear; ``values`` in the order of ``seeds``; ``eval`` is ``None`` for a metric without
-        per-item scores, ``mult`` the multiplier.
+        per-item scores, ``mult`` the multiplier. For a fraction (:data:`FRACTIONS`) the interval is
+        clipped to ``[0, 1]``: the t interval of three seeds that spread widely can reach past 1.
+        Tests of separation use ``values``, never the clipped interval.
     """
     from posenc.lab.experiments.compare import select
     from posenc.lab.experiments.stats import eval_half_width, seed_interval
@@ -244,8 +250,11 @@ def protocol_summary(records: list[dict], study, metric: str, setting: str, *, r
         items = None
         if items_key and all(items_key in r for r in rs):
             items = [[float(c) for c in r[items_key]] for r in rs]
-        out[arm] = {"values": values, "seeds": [r["seed"] for r in rs], "mean": sum(values) / len(values), "low": iv.low if iv else math.nan,
-                    "high": iv.high if iv else math.nan, "n": len(values),
+        low, high = (iv.low, iv.high) if iv else (math.nan, math.nan)
+        if iv and metric in FRACTIONS:
+            low, high = max(low, 0.0), min(high, 1.0)
+        out[arm] = {"values": values, "seeds": [r["seed"] for r in rs], "mean": sum(values) / len(values), "low": low,
+                    "high": high, "n": len(values),
                     "eval": eval_half_width(items) if items else None, "mult": rs[0].get("mult", 1.0)}
     return out
 

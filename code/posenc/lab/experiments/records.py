@@ -124,11 +124,16 @@ def check_rerun(live: dict, stored: dict, live_value: float, stored_value: float
     Raises:
         ValueError: if ``early_steps`` is not a positive multiple of 10, or either record has fewer
             training losses than that.
-        AssertionError: if the early losses or the final values differ by more than allowed (the
-            message gives both differences).
+        AssertionError: if the two runs trained on different corpora (their ``corpus`` fingerprints,
+            where both records have one), or the early losses or the final values differ by more
+            than allowed (the message gives both differences).
     """
     if isinstance(early_steps, bool) or not isinstance(early_steps, int) or early_steps <= 0 or early_steps % 10:
         raise ValueError(f"early_steps must be a positive multiple of 10, got {early_steps!r}")
+    if live.get("corpus") and stored.get("corpus") and live["corpus"] != stored["corpus"]:
+        raise AssertionError(f"the live rerun trained on another corpus (fingerprint {live['corpus']}, the stored run's "
+                             f"{stored['corpus']}): the corpus is the standard library of the Python that runs it, here "
+                             f"{platform.python_version()}, for the stored run {stored.get('python', 'not recorded')}")
     n = early_steps // 10
     a, b = live.get("train_loss_every_10", []), stored.get("train_loss_every_10", [])
     if min(len(a), len(b)) < n:
