@@ -94,3 +94,36 @@ def test_code_shown_by_inclusion_links_to_its_api_entry(chapter, module, options
     caption = re.search(r":caption: (.*)", options)
     assert caption, f"{chapter}: the inclusion of {module}.{obj} has no caption linking to the API"
     assert re.search(rf"\{{py:(func|class|meth)\}}`{re.escape(module)}\.{re.escape(obj)}`", caption.group(1)), caption.group(1)
+
+
+def attribute_comment_first_lines() -> list[tuple[str, int, str]]:
+    """The first line of the ``#:`` comment of every public attribute in the package (file, line
+    number, text); a private name gets no API entry."""
+    found = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            stripped = line.strip()
+            previous = lines[number - 2].strip() if number > 1 else ""
+            if not stripped.startswith("#:") or previous.startswith("#:"):
+                continue
+            following = number
+            while following < len(lines) and lines[following].strip().startswith("#:"):
+                following += 1
+            name = lines[following].strip() if following < len(lines) else ""
+            if not name.startswith("_"):
+                found.append((str(path.relative_to(ROOT)), number, stripped[2:].strip()))
+    return found
+
+
+def test_attribute_comments_do_not_open_with_a_type():
+    """Napoleon reads ``words: more`` on the first line of an attribute's ``#:`` comment as the type
+    ``words`` (rendered as "Type: words", and reported by the strict build (``-n``) as a missing
+    reference when it is plain text), so the first line has no colon outside roles and literals."""
+    roles_and_literals = re.compile(r":\w+:`[^`]*`|``[^`]*``|`[^`]*`")
+    bad = []
+    for file, number, text in attribute_comment_first_lines():
+        plain = roles_and_literals.sub("", text)
+        if re.search(r"(?<!:):(?!:)", plain):
+            bad.append(f"{file}:{number}: {text}")
+    assert not bad, "attribute comments with a colon on their first line:\n" + "\n".join(bad)

@@ -37,7 +37,7 @@ from posenc.method import PositionMethod, check_positions
 
 BACKENDS = ("reference", "sdpa", "flex")
 
-#: ``bias_fn(b, h, q_idx, kv_idx) -> bias``: an additive logit bias as a function of indices.
+#: An additive logit bias as a function of indices, ``bias_fn(b, h, q_idx, kv_idx) -> bias``.
 BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 #: How many compiled variants (shapes, dtypes, bias functions) a compiled kernel of posenc may have

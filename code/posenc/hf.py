@@ -39,8 +39,8 @@ from posenc.rope.multimodal import mrope_cos_sin
 from posenc.rope.rotation import rope_cos_sin
 
 
-#: The forms of transformers' rotary modules' ``(cos, sin)``: ``"cat"`` (the ``R/2`` values twice,
-#: concatenated: most models), ``"interleave"`` (each value twice in a row) and ``"half"`` (the
+#: The forms of transformers' rotary modules' ``(cos, sin)``, ``"cat"`` (the ``R/2`` values twice,
+#: concatenated; most models), ``"interleave"`` (each value twice in a row) and ``"half"`` (the
 #: ``R/2`` values once).
 COS_SIN_FORMS = ("cat", "interleave", "half")
 

@@ -211,7 +211,7 @@ def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str
     return ax
 
 
-#: The metrics that are fractions of items right: :func:`protocol_summary` clips their intervals to ``[0, 1]``.
+#: The metrics that are fractions of items right; :func:`protocol_summary` clips their intervals to ``[0, 1]``.
 FRACTIONS = frozenset({"token_accuracy", "exact_match"})
 
 

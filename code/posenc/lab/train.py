@@ -39,7 +39,7 @@ class TrainConfig:
     grad_clip: float = 1.0  #: max global gradient norm (0 disables clipping)
     seed: int = 0  #: seed of the data order
     progress: bool = True  #: show a tqdm progress bar
-    #: multiplies the learning rate of the position method's parameters (``model.position``): under
+    #: multiplies the learning rate of the position method's parameters (``model.position``). Under
     #: Adam each parameter moves about one learning rate per step whatever its scale, so this is the
     #: step size of the position parameters, the knob the experiments protocol tunes per method
     position_lr_mult: float = 1.0

@@ -451,7 +451,7 @@ ROPE_SCALINGS: dict[str, Callable] = {
 #: ``rope_type`` values whose frequencies depend on ``seq_len`` (it must be given for them).
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 
-#: The two arithmetics of :func:`inverse_frequencies` and :func:`~posenc.rope.rotation.rope_cos_sin`:
+#: The two arithmetics of :func:`inverse_frequencies` and :func:`~posenc.rope.rotation.rope_cos_sin`,
 #: ``"exact"`` (a scaling applied in fp64 to the reference fp32 ``θ_i`` and rounded once; angles past
 #: :data:`~posenc.rope.rotation.FP64_ANGLES_FROM` in fp64: no rounding beyond the checkpoint's own
 #: fp32 ``θ_i`` and the fp32 frequencies, a few 1e-7 relative) and ``"transformers"`` (every step in

@@ -46,7 +46,7 @@ _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rope_local_base_
 class HFRopeFields(NamedTuple):
     """The three fields :class:`HFRope` unpacks as."""
 
-    #: ``rope_theta``: the ``base`` of :func:`~posenc.rope.frequencies.inverse_frequencies`.
+    #: The ``base`` of :func:`~posenc.rope.frequencies.inverse_frequencies` (the config's ``rope_theta``).
     base: float
     #: ``None`` (plain RoPE) or the ``scaling`` mapping of
     #: :func:`~posenc.rope.frequencies.inverse_frequencies` and
@@ -74,7 +74,7 @@ class HFRope(HFRopeFields):
     #: :func:`~posenc.rope.multimodal.mrope_cos_sin` (``{"sections": (t, h, w), "interleaved": bool}``):
     #: each frequency pair turns with the temporal, height or width position (Qwen2-VL's ``mrope``).
     mrope: Optional[dict]
-    #: ``"half"`` or ``"interleaved"``: the ``layout`` argument of
+    #: ``"half"`` or ``"interleaved"``, the ``layout`` argument of
     #: :func:`~posenc.rope.rotation.apply_rope` that rotates the pairs the model's code rotates
     #: (:data:`~posenc.rope.hf_config.LAYOUT_BY_MODEL_TYPE`); ``None`` where posenc does not know the
     #: model type (check the model's code: transformers' ``rotate_half`` is ``"half"``).

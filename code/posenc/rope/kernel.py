@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - depends on the install
 #: arithmetic, masks and layouts but not the GPU compiler. ``backend="triton"`` asks for it by name.
 DEFAULT_ON_CUDA = False
 
-#: dtypes of ``x`` the kernel handles (fp64 runs eagerly: the kernel computes in fp32).
+#: dtypes of ``x`` the kernel handles (fp64 runs eagerly, since the kernel computes in fp32).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: Pairs per program (``BLOCK_H * BLOCK_T * BLOCK_HALF``) and warps per program. Measured on an

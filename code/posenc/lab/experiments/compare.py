@@ -122,7 +122,7 @@ class Study:
     copy_length: int = 16  #: letters to copy (sequence length ``2 * copy_length``)
     copy: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, batch_size=32, warmup_steps=30, progress=False))  #: copy training
     copy_long: Optional[TrainConfig] = None  #: a longer copy training, the ``"copy-long"`` setting (``None``: no such setting)
-    #: labels of the arms trained in ``"copy-long"`` (``None``: every arm)
+    #: labels of the arms trained in ``"copy-long"`` (``None`` for every arm)
     copy_long_arms: Optional[tuple[str, ...]] = None
     eval_windows: int = 256  #: validation windows of the LM score
     other_lengths: tuple[int, ...] = ()  #: more window lengths at which the LM is evaluated (``val_loss_at``)

@@ -82,8 +82,8 @@ EARLY_TOLERANCE = 1e-3
 #: How far a live rerun's final value may be from the stored one on the processor, torch version and
 #: thread count that made the stored run (where the same code, seed and data give the same numbers).
 SAME_PROCESSOR_TOLERANCE = 2e-3
-#: ... and on another processor, whose kernels round some operations differently: training amplifies
-#: such differences (after 500 steps of the tiny LM, measured up to 0.015 nats/byte between an Intel
+#: How far it may be on another processor, whose kernels round some operations differently. Training
+#: amplifies such differences (after 500 steps of the tiny LM, measured up to 0.015 nats/byte between an Intel
 #: Xeon and an AMD EPYC), so the bound there only catches a gross error.
 OTHER_PROCESSOR_TOLERANCE = 0.05
 

@@ -29,7 +29,7 @@ from posenc.lab.train import TrainConfig, evaluate, train
 
 #: Ranks to which :func:`measure_table_run` truncates a trained learned table.
 TRUNCATION_RANKS = (0, 1, 2, 4, 8, 16)
-#: Fine-tuning of the rows past the training length (:func:`finetune_new_rows`): 60 steps on full-table windows.
+#: Fine-tuning of the rows past the training length (:func:`finetune_new_rows`), 60 steps on full-table windows.
 FINETUNE = dict(steps=60, batch_size=8, warmup_steps=6, weight_decay=0.0, progress=False, seed=1)
 
 
