@@ -10,7 +10,8 @@ import torch
 from posenc.absolute import LearnedPE, SinusoidalPE, sinusoidal_table
 from posenc.lab.data import load_stdlib_corpus
 from posenc.lab.experiments.compare import STUDIES, run_cell
-from posenc.lab.experiments.tables import context_control, finetune_new_rows, position_table, table_stats
+from posenc.lab.experiments.tables import (context_control, context_windows, finetune_new_rows, position_table,
+                                          table_stats)
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.lab.train import TrainConfig
 
@@ -52,6 +53,7 @@ def test_context_control_is_blind_to_positions_without_an_encoding():
     nope = TinyLM(TINY, "nope")
     out = context_control(nope, corpus.val, 16, num_windows=4)
     assert out["seen"] == pytest.approx(out["unseen"], abs=1e-6)      # NoPE: the positions change nothing
+    assert out["restart"] == pytest.approx(out["long"], abs=1e-6)      # ... in the long windows either
     assert "interpolated" not in out
     learned = TinyLM(TINY, LearnedPE(32, 16, std=1.0))
     table = learned.position.weight.detach().clone()
@@ -69,6 +71,17 @@ def test_context_control_is_blind_to_positions_without_an_encoding():
         losses = next_token_loss(learned.eval()(x), y, reduction="none")
     assert out["interpolated"] == pytest.approx(losses[:, 16:].mean().item(), rel=1e-5)
     assert out["interpolated_first"] == pytest.approx(losses[:, :16].mean().item(), rel=1e-5)
+    # the restart reading: the long windows at positions 0..15 twice, scored on their second halves
+    with torch.no_grad():
+        learned.position.weight.copy_(table)
+        restarted = next_token_loss(learned(x, positions=torch.arange(32) % 16), y, reduction="none")
+    assert out["restart"] == pytest.approx(restarted[:, 16:].mean().item(), rel=1e-5)
+    assert out["restart"] != pytest.approx(out["long"], abs=1e-4)
+    # window by window: the same readings, one loss per window
+    windows = context_windows(learned, corpus.val, 16, num_windows=4)
+    assert set(windows) == set(out) and all(v.shape == (4,) for v in windows.values())
+    assert windows["restart"] == pytest.approx(restarted[:, 16:].double().mean(1), rel=1e-5)
+    assert {k: float(v.mean()) for k, v in windows.items()} == pytest.approx(out, rel=1e-6)
 
 
 def test_finetune_new_rows_trains_only_the_new_rows_of_a_copy():
@@ -92,6 +105,11 @@ def test_the_tables_study_measures_each_trained_model():
                 "rank_truncation", "replaced_rows", "finetune", "bf16_delta"):
         assert key in plain, key
     assert plain["penalty_at_start"] == 0.0 and 0 < plain["decay"] < 1
+    per_window = plain["per_window"]                          # 128 windows of every reading, for their intervals
+    assert set(per_window) == {"inside", "outside", *plain["control"]}
+    assert all(len(v) == 128 for v in per_window.values())
+    assert sum(per_window["inside"]) / 128 == pytest.approx(plain["inside"], rel=1e-5)
+    assert sum(per_window["restart"]) / 128 == pytest.approx(plain["control"]["restart"], rel=1e-5)
     assert plain["untrained_change"] < 1e-6                   # rows 16..31 only decayed: no gradient reached them
     # at a multiplier of the table's learning rate, AdamW decays the table at that rate too
     fast = run_cell(study, "learned", 0, "lm", mult=10.0)

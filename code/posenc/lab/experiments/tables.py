@@ -82,11 +82,13 @@ def context_control(model: nn.Module, data: Tensor, train_len: int, *, num_windo
     """Separate unseen positions from a longer context, without training.
 
     The same bytes, the second halves (bytes ``n .. 2n-1``) of the ``2n``-byte evaluation windows,
-    read four ways:
+    read five ways:
 
     * ``"seen"``: in windows of their own at positions ``0 .. n-1`` (nothing new);
     * ``"unseen"``: in windows of their own at positions ``n .. 2n-1`` (new positions, the usual context);
     * ``"long"``: inside the ``2n`` windows (new positions and a context twice as long);
+    * ``"restart"``: inside the ``2n`` windows, at positions ``0 .. n-1`` and then ``0 .. n-1``
+      again: the context twice as long, at trained positions only (the long context alone);
     * ``"interpolated"`` (a :class:`~posenc.absolute.LearnedPE` model only): inside the ``2n``
       windows, with the table replaced by its trained rows ``0 .. n-1`` interpolated to ``2n``
       rows (:func:`~posenc.absolute.interpolate_table`): the long context, at positions made of
@@ -94,28 +96,43 @@ def context_control(model: nn.Module, data: Tensor, train_len: int, *, num_windo
       ``0 .. n-1``, whose codes the interpolation also changes).
 
     Returns:
-        ``{"seen", "unseen", "long"[, "interpolated", "interpolated_first"]}``: losses in nats per token.
+        ``{"seen", "unseen", "long", "restart"[, "interpolated", "interpolated_first"]}``: losses in
+        nats per token (the mean over windows of :func:`context_windows`).
     """
+    return {name: float(losses.mean())
+            for name, losses in context_windows(model, data, train_len, num_windows=num_windows,
+                                                batch_size=batch_size).items()}
+
+
+@torch.no_grad()
+def context_windows(model: nn.Module, data: Tensor, train_len: int, *, num_windows: int = 128,
+                    batch_size: int = 16) -> dict[str, Tensor]:
+    """:func:`context_control`'s readings window by window: ``{name: (num_windows,)}``, the mean
+    loss of each window's scored half (float64), the items an evaluation-sample interval resamples."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    x_long, y_long = eval_windows(data, 2 * train_len, num_windows)  # (W, 2n)
-    x_half, y_half = x_long[:, train_len:], y_long[:, train_len:]  # (W, n)
+    n = train_len
+    x_long, y_long = eval_windows(data, 2 * n, num_windows)  # (W, 2n)
+    x_half, y_half = x_long[:, n:], y_long[:, n:]  # (W, n)
 
     def token_losses(x: Tensor, y: Tensor, positions: Optional[Tensor] = None) -> Tensor:  # (W, T)
         return torch.cat([next_token_loss(model(x[i:i + batch_size].to(device), positions=positions),
-                                          y[i:i + batch_size].to(device), reduction="none")
+                                          y[i:i + batch_size].to(device), reduction="none").double().cpu()
                           for i in range(0, num_windows, batch_size)])
 
-    out = {name: float(token_losses(x_half, y_half, torch.arange(start, start + train_len, device=device)).mean())
-           for name, start in (("seen", 0), ("unseen", train_len))}
-    out["long"] = float(token_losses(x_long, y_long)[:, train_len:].mean())
-    if isinstance(model.position, LearnedPE):
-        rows = slice(0, 2 * train_len)
-        squeezed = interpolate_table(model.position.weight[:train_len].detach(), 2 * train_len)  # (2n, C)
-        for name, part in (("interpolated", slice(train_len, None)), ("interpolated_first", slice(0, train_len))):
-            out[name] = _loss_with_rows(model, data, rows, squeezed, 2 * train_len, num_windows, part)
-    model.train(was_training)
+    try:
+        out = {name: token_losses(x_half, y_half, torch.arange(start, start + n, device=device)).mean(1)
+               for name, start in (("seen", 0), ("unseen", n))}
+        out["long"] = token_losses(x_long, y_long)[:, n:].mean(1)
+        out["restart"] = token_losses(x_long, y_long, torch.arange(2 * n, device=device) % n)[:, n:].mean(1)
+        if isinstance(model.position, LearnedPE):
+            squeezed = interpolate_table(model.position.weight[:n].detach(), 2 * n)  # (2n, C)
+            halves = _eval_with_rows(model, data, slice(0, 2 * n), squeezed, 2 * n, num_windows,
+                                     bands=(n,)).loss_per_window_band.double()  # (W, 2)
+            out["interpolated"], out["interpolated_first"] = halves[:, 1], halves[:, 0]
+    finally:
+        model.train(was_training)
     return out
 
 
@@ -165,16 +182,22 @@ def finetune_new_rows(model: nn.Module, train_data: Tensor, val_data: Tensor, tr
 
 
 @torch.no_grad()
-def _loss_with_rows(model: nn.Module, data: Tensor, rows: slice, values: Tensor, seq_len: int,
-                    num_windows: int, part: slice) -> float:
-    """Loss (mean over ``part`` of the positions) with ``weight[rows]`` replaced by ``values``, then restored."""
+def _eval_with_rows(model: nn.Module, data: Tensor, rows: slice, values: Tensor, seq_len: int,
+                    num_windows: int, bands: tuple[int, ...] = ()):
+    """:func:`~posenc.lab.train.evaluate` with ``weight[rows]`` replaced by ``values``, then restored."""
     weight = model.position.weight
     kept = weight.detach().clone()
     weight[rows] = values.to(weight)
     try:
-        return float(evaluate(model, data, seq_len, num_windows=num_windows).loss_per_position[part].mean())
+        return evaluate(model, data, seq_len, num_windows=num_windows, bands=bands)
     finally:
         weight.copy_(kept)
+
+
+def _loss_with_rows(model: nn.Module, data: Tensor, rows: slice, values: Tensor, seq_len: int,
+                    num_windows: int, part: slice) -> float:
+    """Loss (mean over ``part`` of the positions) with ``weight[rows]`` replaced by ``values``, then restored."""
+    return float(_eval_with_rows(model, data, rows, values, seq_len, num_windows).loss_per_position[part].mean())
 
 
 def measure_table_run(model: nn.Module, run) -> dict:
@@ -183,7 +206,9 @@ def measure_table_run(model: nn.Module, run) -> dict:
     On the copy task, only ``table``: :func:`table_stats` of the whole (trained) table. In the LM,
     for every arm: ``penalty_at_start`` (the penalty's value at step 0, 0 without one); ``inside``
     and ``outside``, the mean loss at positions ``0 .. n-1`` and ``n .. N-1`` of ``N``-token
-    windows (128 of them); ``control`` (:func:`context_control`); ``trained_rows`` and
+    windows (128 of them); ``control`` (:func:`context_control`); ``per_window`` (``inside``,
+    ``outside`` and each reading of ``control``, window by window: :func:`context_windows`, 6
+    significant digits); ``trained_rows`` and
     ``untrained_rows`` (:func:`table_stats` of rows ``0 .. n-1`` against the sinusoidal table, and
     the smoothness and relative norm of the others). For the plain, registered :class:`~posenc.absolute.LearnedPE`
     (no penalty, no custom builder), also: ``decay`` (the product of ``1 - m * lr_t * weight_decay``, ``m`` the
@@ -201,9 +226,15 @@ def measure_table_run(model: nn.Module, run) -> dict:
         return {"table": table_stats(table, sinusoidal_table(*table.shape))}
     n, n_table = study.lm.seq_len, study.model.max_len
     out: dict = {"penalty_at_start": history.penalties[0]}
-    lpp = evaluate(model, corpus.val, n_table, num_windows=128).loss_per_position
-    out["inside"], out["outside"] = float(lpp[:n].mean()), float(lpp[n:].mean())
-    out["control"] = context_control(model, corpus.val, n)
+    full = evaluate(model, corpus.val, n_table, num_windows=128, bands=(n,))
+    out["inside"], out["outside"] = (float(full.loss_per_position[:n].mean()),
+                                     float(full.loss_per_position[n:].mean()))
+    windows = context_windows(model, corpus.val, n)  # {reading: (128,)}
+    out["control"] = {name: float(losses.mean()) for name, losses in windows.items()}
+    # each window's loss in every reading, for the evaluation-sample uncertainty of their differences
+    band = full.loss_per_window_band.double()  # (128, 2)
+    out["per_window"] = {name: [float(f"{x:.6g}") for x in losses.tolist()] for name, losses in
+                         (("inside", band[:, 0]), ("outside", band[:, 1]), *windows.items())}
     table = position_table(model.position, n_table).cpu()  # (N, C)
     reference = sinusoidal_table(n, table.shape[1])
     out["trained_rows"] = table_stats(table[:n], reference)
