@@ -15,6 +15,7 @@ from posenc.lab.experiments.stats import (
     seed_interval,
     t_cdf,
     t_quantile,
+    wilson_interval,
 )
 
 # two-sided 95 % critical values of Student's t (any statistics table)
@@ -75,6 +76,16 @@ def test_eval_half_width_averages_the_seeds_bootstrap_half_widths():
     seeds = [[rng.gauss(0, 1) for _ in range(200)], [rng.gauss(0, 2) for _ in range(200)]]
     expected = (bootstrap_interval(seeds[0], seed=0).half_width + bootstrap_interval(seeds[1], seed=1).half_width) / 2
     assert eval_half_width(seeds) == pytest.approx(expected)
+
+
+def test_eval_half_width_of_differences_of_zero_one_items_is_a_bootstrap():
+    # a passkey difference, method a minus method b per example: here only 0s and 1s, still not a proportion
+    diffs = [[1.0] * 10 + [0.0] * 90]
+    assert eval_half_width(diffs) == pytest.approx(wilson_interval(10, 100).half_width)     # read as a proportion
+    assert eval_half_width(diffs, proportions=False) == pytest.approx(bootstrap_interval(diffs[0], seed=0).half_width)
+    assert eval_half_width(diffs, proportions=False) != pytest.approx(eval_half_width(diffs))
+    with pytest.raises(ValueError, match="proportions=True needs items of 0 or 1, got \\[-1.0\\]"):
+        eval_half_width([[1.0, 0.0, -1.0]], proportions=True)
 
 
 def test_welch_difference_by_hand():

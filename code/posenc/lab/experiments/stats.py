@@ -240,20 +240,33 @@ def bootstrap_interval(items: Sequence[float], level: float = LEVEL, *, resample
     return Interval(math.fsum(v) / n, means[lo_i], means[hi_i], n, f"bootstrap, {n} items")
 
 
-def eval_half_width(per_seed_items: Sequence[Sequence[float]], level: float = LEVEL, *, resamples: int = 2000) -> float:
+def eval_half_width(per_seed_items: Sequence[Sequence[float]], level: float = LEVEL, *, resamples: int = 2000,
+                    proportions: Optional[bool] = None) -> float:
     """The evaluation-sample uncertainty of a method: the mean over its seeds of each seed's
     half-width, a bootstrap over that seed's scored items (:func:`bootstrap_interval`), or, for 0/1
     items, Wilson's interval (:func:`wilson_interval`), which stays open at 0 and 1.
 
+    Args:
+        per_seed_items: each seed's scored items.
+        level: confidence level.
+        resamples: bootstrap resamples.
+        proportions: whether the items are successes (0/1) of one model, for Wilson's interval;
+            ``None`` decides by the values. Pass ``False`` for differences of two models' 0/1 items
+            (which may all be 0 or 1 and are still not a proportion).
+
     Raises:
-        ValueError: no seeds, or a seed with fewer than 2 items.
+        ValueError: no seeds, a seed with fewer than 2 items, or ``proportions=True`` with an item
+            that is not 0 or 1.
     """
     if not per_seed_items:
         raise ValueError("per_seed_items needs at least one seed's items")
     widths = []
     for i, items in enumerate(per_seed_items):
         v = _check_values(items, "items", 2)
-        if all(x in (0.0, 1.0) for x in v):
+        binary = all(x in (0.0, 1.0) for x in v)
+        if proportions and not binary:
+            raise ValueError(f"proportions=True needs items of 0 or 1, got {sorted(set(v) - {0.0, 1.0})[:3]} in seed {i}")
+        if binary if proportions is None else proportions:
             widths.append(wilson_interval(int(sum(v)), len(v), level).half_width)
         else:
             widths.append(bootstrap_interval(v, level, resamples=resamples, seed=i).half_width)
@@ -271,6 +284,13 @@ def difference(a: Sequence[float], b: Sequence[float], level: float = LEVEL, *, 
         a, b: one score per seed for each method (at least 2 each; equal lengths when paired).
         level: confidence level.
         paired: use the paired test.
+
+    Where the seeds do not vary at all (every seed of each method scores the same, or every paired
+    difference is the same), the standard error is 0 and the test has no spread to weigh: the
+    interval is the point ``mean``, with ``p = 0`` for any non-zero difference and ``p = 1`` for
+    none. That is the limit of the t statistic, not evidence about the evaluation sample: a
+    saturated score (every passkey right) should be read with its evaluation uncertainty
+    (:func:`eval_half_width`).
 
     Raises:
         ValueError: too few values, unequal lengths when paired, a bad level.
