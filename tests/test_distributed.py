@@ -16,7 +16,7 @@ import torch
 
 from posenc.lab.experiments import distributed
 from posenc.lab.experiments.distributed import DistContext, WorkQueue
-from posenc.lab.experiments.extrapolation import record_key
+from posenc.lab.experiments.extrapolation import pending_dir, record_key
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.lab.train import TrainConfig, batch_rows, train
 
@@ -166,6 +166,7 @@ def test_two_processes_under_torchrun_share_the_grid_and_store_the_records_of_on
         assert {k: v for k, v in r.items() if k not in PROVENANCE} == {k: v for k, v in b[key].items()
                                                                          if k not in PROVENANCE}, key
     assert json.loads(two.read_text())["meta"]["cells"] == 12
+    assert not pending_dir(two).exists()  # every rank's finished cells were parked, stored and their files deleted
     before = two.read_text()
     run([*STUDY, "--out", str(two)], nproc=2)  # resumes: nothing left, nothing rewritten
     assert two.read_text() == before

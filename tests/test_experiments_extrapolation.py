@@ -27,7 +27,7 @@ def tiny(**kw) -> ExtrapolationStudy:
     with some filler fits in), evaluation at 80 and 160, a 16-wide one-layer model, 3 steps."""
     base = dict(methods=("rope", "learned", "t5"), seeds=(0,), train_length=80, multiples=(1, 2), d_model=16,
                 n_layer=1, n_head=2, lm_steps=3, lm_batch=2, passkey_steps=3, passkey_batch=2, warmup_steps=1,
-                finetune_steps=2, eval_windows=2, eval_examples=2, eval_batch=2, depths=(0.0, 1.0))
+                finetune_steps=2, eval_windows=2, eval_examples=2, eval_batch=2, depths=(0.0, 1.0), curve_windows=2)
     return ExtrapolationStudy(**{**base, **kw})
 
 
@@ -467,3 +467,128 @@ def test_tuned_multipliers_come_from_the_methods_protocol_study(tmp_path, monkey
     for argv in (["--preset", "protocol"], ["--preset", "protocol", "--tuned-from", str(partial), "--lm-mults"]):
         with pytest.raises(SystemExit):
             parse(argv)
+
+
+# --- durability, provenance, the curve's windows, a live rerun of the first steps -------------------
+
+
+def lm_study(**kw) -> ExtrapolationStudy:
+    return tiny(**{**dict(methods=("learned", "t5"), tasks=("lm",), logn=False, finetune_steps=0), **kw})
+
+
+def test_a_cell_finished_but_not_stored_is_kept_by_the_rerun_and_not_run_again(tmp_path, monkeypatch):
+    """A run killed while a finished cell waits for rank 0 (here: the queue fails as the second cell is
+    posted) leaves the cell in a pending file; the rerun stores it first and runs nothing again."""
+    study, out = lm_study(), tmp_path / "x.json"
+    real_put = ex.distributed.WorkQueue.put
+
+    def put(queue, index, result):
+        if index == 1:
+            raise KeyboardInterrupt  # killed after the cell finished, before rank 0 stored it
+        real_put(queue, index, result)
+
+    monkeypatch.setattr(ex.distributed.WorkQueue, "put", put)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, out, progress=False, log=lambda line: None)
+    monkeypatch.setattr(ex.distributed.WorkQueue, "put", real_put)
+    stored = {r["cell"] for r in load_records(out)["records"]}
+    pending = list(ex.pending_dir(out).glob("*.json"))
+    assert len(stored) == 1 and len(pending) == 1
+    left = json.loads(pending[0].read_text())["records"]
+    ran = []
+    monkeypatch.setattr(ex, "run_cell", lambda *a, **kw: ran.append(a) or [])
+    data = run_study(study, out, progress=False, log=lambda line: None)
+    assert ran == [] and not ex.pending_dir(out).exists()
+    assert {r["cell"] for r in data["records"]} == {"learned|0|lm", "t5|0|lm"} and data["meta"]["cells"] == 2
+    assert [r for r in data["records"] if r["cell"] == left[0]["cell"]] == left
+
+
+def test_the_pending_file_of_another_rank_is_stored_by_the_rerun(tmp_path, monkeypatch):
+    """What a killed rank 1 leaves: its finished cell in a file of its own beside the study."""
+    study, out = lm_study(), tmp_path / "x.json"
+    run_study(lm_study(methods=("learned",)), out, progress=False, log=lambda line: None)
+    origin = {**ex.provenance("cpu"), "rank": 1}
+    records = [ex.stamp(r, origin, "rank 1") for r in run_cell(study, "t5", 0, "lm")]
+    path = ex.park(study, out, records)
+    assert path.parent == tmp_path / "x.json.pending" and json.loads(path.read_text())["records"] == records
+    ran = []
+    monkeypatch.setattr(ex, "run_cell", lambda *a, **kw: ran.append(a) or [])
+    data = run_study(study, out, progress=False, log=lambda line: None)
+    assert ran == [] and not path.exists()
+    assert [r for r in data["records"] if r["cell"] == "t5|0|lm"] == records
+    kept = ex.park(study, tmp_path / "y.json", records)  # a pending cell of a study with other settings is refused
+    with pytest.raises(ValueError, match=r"y\.json\.pending/t5\+0\+lm\.json holds a study with other settings \(lr\)"):
+        run_study(dataclasses.replace(study, lr=1e-3), tmp_path / "y.json", progress=False)
+    assert kept.exists() and not (tmp_path / "y.json").exists() and ran == []
+
+
+def test_a_rerun_at_another_commit_or_dirty_flag_is_refused_unless_allowed(tmp_path, monkeypatch):
+    study, out = lm_study(methods=("learned",)), tmp_path / "x.json"
+    run_study(study, out, progress=False, log=lambda line: None)
+    here = load_records(out)["records"][0]
+    real = ex.provenance
+    monkeypatch.setattr(ex, "provenance", lambda device: {**real(device), "commit": "f" * 40, "dirty": False})
+    grown = dataclasses.replace(study, seeds=(0, 1))
+    with pytest.raises(ValueError, match=rf"x\.json holds records made at commit {here['commit']} \(dirty="
+                                         rf"{here['dirty']}\), and this run is at commit f{{40}} \(dirty=False\).*"
+                                         r"--allow-mixed-commits"):
+        run_study(grown, out, progress=False, log=lambda line: None)
+    assert {r["seed"] for r in load_records(out)["records"]} == {0}  # nothing added
+    data = run_study(grown, out, progress=False, log=lambda line: None, allow_mixed=True)
+    assert {(r["seed"], r["commit"]) for r in data["records"]} == {(0, here["commit"]), (1, "f" * 40)}
+    monkeypatch.setattr(ex, "provenance", lambda device: {**real(device), "commit": here["commit"],
+                                                          "dirty": not here["dirty"]})
+    with pytest.raises(ValueError, match=rf"dirty={not here['dirty']}"):  # the dirty flag alone differs
+        run_study(dataclasses.replace(study, seeds=(0, 1, 2)), out, progress=False, log=lambda line: None)
+    # the processes of one run must agree too; the same version passes
+    from posenc.lab.experiments.records import check_provenance
+    with pytest.raises(ValueError, match=r"the processes of this run, adding to x\.json, are at commit a \(dirty=False\) "
+                                         r"and commit b \(dirty=False\)"):
+        check_provenance([], [{"commit": "a", "dirty": False}, {"commit": "b", "dirty": False}], "x.json")
+    check_provenance([{"commit": "a", "dirty": True}], [{"commit": "a", "dirty": True}] * 2, "x.json")
+    calls = []
+    monkeypatch.setattr(ex, "run_study", lambda *a, **kw: calls.append(kw) or None)
+    ex.main(["--methods", "learned", "--out", str(out), "--quiet", "--allow-mixed-commits"])
+    ex.main(["--methods", "learned", "--out", str(out), "--quiet"])
+    assert [kw["allow_mixed"] for kw in calls] == [True, False]
+
+
+def test_the_lm_curve_is_measured_on_every_kth_evaluation_window():
+    from posenc.lab.data import eval_windows, load_stdlib_corpus
+
+    val = load_stdlib_corpus().val
+    study = lm_study(methods=("learned",), protocol=True, eval_windows=8, curve_windows=4)
+    text = ex.curve_text(study, val)
+    for n in (80, 160):  # at every length, the windows of the evaluation 0, 2, 4, 6
+        assert torch.equal(eval_windows(text, n, 4, span=160)[0], eval_windows(val, n, 8, span=160)[0][::2])
+    model = build_model(study, "learned", 0)
+    curve = ex._curve_measure(study, "lm")(model)
+    for n in (80, 160):
+        per_window = ex._evaluate(study, model, "lm", n)[0]["loss_per_window"]
+        assert curve[f"val_loss_{n}"] == pytest.approx(sum(per_window[::2]) / 4, abs=2e-5)
+    preset = ex.PRESETS["protocol"]  # every one of its 32 curve windows is one of its 256 evaluation windows
+    span = preset.eval_lengths[-1]
+    windows = {tuple(w) for w in eval_windows(val, span, preset.eval_windows, span=span)[0].tolist()}
+    curve_windows = ex.curve_text(preset, val).reshape(preset.curve_windows, span + 1)[:, :-1].tolist()
+    assert len(curve_windows) == 32 and all(tuple(w) in windows for w in curve_windows)
+    with pytest.raises(ValueError, match=r"ExtrapolationStudy\.curve_windows must be <= eval_windows=2 under the "
+                                         r"protocol .*got 3"):
+        tiny(protocol=True, curve_windows=3)
+    assert tiny(curve_windows=3).curve_windows == 3  # outside the protocol there is no curve
+
+
+def test_stop_after_reruns_the_first_steps_of_a_stored_cell():
+    from posenc.lab.experiments.records import check_rerun
+
+    study = lm_study(methods=("rope",), protocol=True, curve_points=2, lm_steps=20, warmup_steps=2,
+                     finetune_steps=2, scalings=("linear",))
+    full = run_cell(study, "rope", 0, "lm")
+    (part,), model = run_cell(study, "rope", 0, "lm", stop_after=10, return_model=True)
+    assert isinstance(model, TinyLM) and part["stopped_after"] == 10 and part["steps"] == 20
+    assert part["train_loss_every_10"] == full[0]["train_loss_every_10"][:1]
+    assert part["curve"] == full[0]["curve"][:1] and part["curve"][0]["step"] == 10
+    check_rerun(part, full[0], part["curve"][0]["val_loss_80"], full[0]["curve"][0]["val_loss_80"], early_steps=10)
+    for bad in (0, 21, 2.0, True):
+        with pytest.raises(ValueError, match=rf"stop_after must be None or an int in 1\.\.20 \(the study's lm steps\), "
+                                             rf"got {re_repr(bad)}"):
+            run_cell(study, "rope", 0, "lm", stop_after=bad)

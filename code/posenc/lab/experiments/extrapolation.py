@@ -67,8 +67,9 @@ results and answer losses (for intervals over the evaluation sample); two contro
 longer context from positions past ``L``: the longest windows cut into pieces of ``L``, each
 scored alone (``loss_per_window_chunk_of_longest`` on the record at ``L``), and passkey rows of
 ``L`` read at the positions a longer row ends at (``position_offset``); each training run and
-fine-tune records its learning curve at ``L`` and at the longest length; each method's LM trains
-with the multiplier of its knob that the methods protocol study chose (``lm_mults``;
+fine-tune records its learning curve at ``L`` and at the longest length (on every ``k``-th of the
+evaluation windows, :func:`curve_text`, or on the first of the evaluation's passkey examples); each
+method's LM trains with the multiplier of its knob that the methods protocol study chose (``lm_mults``;
 ``--tuned-from`` reads them, :func:`tuned_mults`; the passkey task is not tuned, and its records
 say ``"tuned": false``); the rows of a position table past ``L``, which no data reaches, are put
 back to their initial values after training (``_restore_untrained_rows``; weight decay alone
@@ -82,15 +83,20 @@ settings is refused::
 Every option is a field of :class:`~posenc.lab.experiments.extrapolation_config.ExtrapolationStudy`
 (``--train-length 64``, ``--scalings`` with no value for none, ``--no-logn``, ...); ``--preset gpu``
 is the larger configuration (:data:`~posenc.lab.experiments.extrapolation_config.PRESETS`). An
-interrupted run resumes: cells already in the file are not recomputed. Only rank 0 reads and writes
-the file, so on several machines it needs no shared file system.
+interrupted run resumes: cells already in the file are not recomputed, and a cell finished on any
+rank is kept even if the run was killed before rank 0 stored it (each rank first writes a finished
+cell to a file of its own beside the study, :func:`pending_dir`). Only rank 0 reads and writes the
+study's file, so on several machines it needs no shared file system. A rerun refuses to add records
+made at another commit or dirty flag than those stored (``--allow-mixed-commits`` allows it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import time
@@ -100,13 +106,14 @@ from typing import Callable, Optional, Sequence
 import torch
 from tqdm.std import tqdm
 
-from posenc.lab.data import load_stdlib_corpus, passkey_retrieval
+from posenc.lab.data import eval_windows, load_stdlib_corpus, passkey_retrieval
 from posenc.lab.experiments import distributed
 from posenc.lab.experiments.compare import PROTOCOL_STUDIES, Arm, arm_grid, chosen_mult, knob_of
 from posenc.lab.experiments.distributed import DistContext
 from posenc.lab.experiments.extrapolation_config import PRESETS, ExtrapolationStudy, parse_mult
 from posenc.lab.experiments.options import add_options, command_for, from_args
-from posenc.lab.experiments.records import RESULTS_DIR, append_records, finished_keys, load_records, provenance, stamp
+from posenc.lab.experiments.records import (RESULTS_DIR, append_records, check_provenance, finished_keys, load_records,
+                                           provenance, stamp)
 from posenc.lab.experiments.variants import rope_variant, scaling_config, variant
 from posenc.lab.lm import LMConfig, TinyLM
 from posenc.method import PositionMethod, build_method
@@ -193,30 +200,65 @@ def _passkey(study: ExtrapolationStudy, length: int, depth: Optional[float] = No
 
 
 def _fit(study: ExtrapolationStudy, model: TinyLM, task: str, cfg: TrainConfig, ddp: Optional[DistContext],
-         curve: bool = False):
+         curve: bool = False, stop_after: Optional[int] = None):
     """Train ``model`` on ``task`` with ``cfg``, data-parallel over ``ddp``'s ranks if given; with
-    ``curve``, measured after ``curve_points`` evenly spaced steps (:func:`_curve_measure`)."""
+    ``curve``, measured after ``curve_points`` evenly spaced steps (:func:`_curve_measure`); with
+    ``stop_after``, only the first steps of ``cfg``'s schedule."""
     curve_at = curve_steps(cfg.steps, study.curve_points) if curve else ()
     measure = _curve_measure(study, task) if curve else None
     if task == "lm":
         data = load_stdlib_corpus().train
-        fit = lambda m, shard: train(m, data, cfg, shard=shard, curve_at=curve_at, measure=measure)  # noqa: E731
+        fit = lambda m, shard: train(m, data, cfg, shard=shard, curve_at=curve_at, measure=measure,  # noqa: E731
+                                     stop_after=stop_after)
     else:
         sampler = _passkey(study, cfg.seq_len)
-        fit = lambda m, shard: train_task(m, sampler, cfg, shard=shard, curve_at=curve_at, measure=measure)  # noqa: E731
+        fit = lambda m, shard: train_task(m, sampler, cfg, shard=shard, curve_at=curve_at, measure=measure,  # noqa: E731
+                                          stop_after=stop_after)
     return distributed.train_data_parallel(model, fit, ddp or DistContext())
+
+
+def curve_text(study: ExtrapolationStudy, val: torch.Tensor) -> torch.Tensor:
+    """The text of the LM learning curve: every ``k``-th of the study's evaluation windows, from the
+    first, ``k = eval_windows // curve_windows``, ``curve_windows`` of them, laid end to end.
+
+    Each window is ``span + 1`` tokens, ``span`` the longest evaluation length (a window and its
+    targets, as :func:`~posenc.lab.data.eval_windows` places it for every length). Scored with
+    ``evaluate(model, text, n, num_windows=curve_windows, span=span)``, the windows start at
+    ``i * (span + 1)`` exactly, so the curve is measured on these windows of the evaluation (at every
+    length ``n``, their prefixes), and its last point and the final score are on the same text.
+
+    Args:
+        study: its ``eval_windows``, ``curve_windows`` and longest evaluation length.
+        val: ``(N,)`` the validation token ids the evaluation reads.
+
+    Returns:
+        ``(curve_windows * (span + 1),)`` token ids.
+
+    Raises:
+        ValueError: if ``curve_windows`` exceeds ``eval_windows``.
+    """
+    if study.curve_windows > study.eval_windows:
+        raise ValueError(f"curve_windows={study.curve_windows} must be <= eval_windows={study.eval_windows}: the curve "
+                         "is measured on a subset of the evaluation windows")
+    span = study.eval_lengths[-1]
+    x, y = eval_windows(val, span, study.eval_windows, span=span)  # (eval_windows, span) each
+    every = study.eval_windows // study.curve_windows
+    windows = torch.cat([x[:, :1], y], 1)[::every][:study.curve_windows]  # (curve_windows, span + 1)
+    return windows.reshape(-1)
 
 
 def _curve_measure(study: ExtrapolationStudy, task: str) -> Callable:
     """What a protocol run measures along its training, at ``L`` and at the longest length: the LM
-    loss on the first ``curve_windows`` of the study's evaluation windows, or the passkey exact
-    match and answer loss on the study's first ``curve_examples`` examples at every depth."""
+    loss on ``curve_windows`` of the study's evaluation windows, every ``eval_windows //
+    curve_windows``-th from the first (:func:`curve_text`), or the passkey exact match and answer
+    loss on the study's first ``curve_examples`` examples at every depth (the first of the examples
+    its evaluation scores: the same generator and seed)."""
     lengths = (study.train_length, study.eval_lengths[-1])
     if task == "lm":
-        val = load_stdlib_corpus().val
+        text = curve_text(study, load_stdlib_corpus().val)
 
         def measure(m):
-            return {f"val_loss_{n}": round(evaluate(m, val, n, num_windows=study.curve_windows, batch_size=study.eval_batch,
+            return {f"val_loss_{n}": round(evaluate(m, text, n, num_windows=study.curve_windows, batch_size=study.eval_batch,
                                                     span=study.eval_lengths[-1]).loss, 5) for n in lengths}
         return measure
 
@@ -315,7 +357,8 @@ def _run_plan(study, model, task, plan, base: dict, ddp: Optional[DistContext]) 
 
 
 def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, device: str | torch.device = "cpu",
-             ddp: Optional[DistContext] = None, progress: bool = False, return_model: bool = False):
+             ddp: Optional[DistContext] = None, progress: bool = False, return_model: bool = False,
+             stop_after: Optional[int] = None):
     """Train one model and evaluate it (and, for RoPE, fine-tune and evaluate each fine-tune scaling).
 
     Args:
@@ -328,23 +371,36 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
             evaluations are dealt to the ranks too, and only rank 0 gets the records.
         progress: show tqdm bars for the training loops.
         return_model: also return the trained model (before any fine-tune), e.g. to inspect its attention.
+        stop_after: train only the first ``stop_after`` steps of the cell's schedule (of its
+            ``lm_steps`` or ``passkey_steps``) and return the training record so far, with
+            ``"stopped_after"``: its ``train_loss_every_10`` over those steps and, under the protocol,
+            the curve's points up to there, which are those of the whole run (the same seed, data and
+            learning-rate schedule), so a live check of a stored record
+            (:func:`~posenc.lab.experiments.records.check_rerun`) takes a fraction of the time. No
+            evaluation and no fine-tune is run.
 
     Returns:
-        The cell's records (unstamped): training records first, then evaluation records. Empty on
-        ranks other than 0 under ``ddp``. With ``return_model``, ``(records, model)``.
+        The cell's records (unstamped): training records first, then evaluation records (with
+        ``stop_after``, the training record alone). Empty on ranks other than 0 under ``ddp``. With
+        ``return_model``, ``(records, model)``.
 
     Raises:
-        ValueError: for an unknown ``task`` or ``method``.
+        ValueError: for an unknown ``task`` or ``method``, or a ``stop_after`` that is not ``None``
+            or an int in ``1 ..`` the cell's steps.
     """
     if task not in study.tasks:
         raise ValueError(f"task must be one of the study's tasks {study.tasks}, got {task!r}")
     if method not in study.method_names:
         raise ValueError(f"method must be one of the study's methods {study.method_names}, got {method!r}")
+    steps, batch = (study.lm_steps, study.lm_batch) if task == "lm" else (study.passkey_steps, study.passkey_batch)
+    if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int)
+                                   or not 1 <= stop_after <= steps):
+        raise ValueError(f"stop_after must be None or an int in 1..{steps} (the study's {task} steps), "
+                         f"got {stop_after!r}")
     start = time.perf_counter()
     L = study.train_length
     base = {"cell": cell_id(method, seed, task), "method": method, "seed": seed, "task": task, "trained_length": L}
     model = build_model(study, method, seed, device)
-    steps, batch = (study.lm_steps, study.lm_batch) if task == "lm" else (study.passkey_steps, study.passkey_batch)
     mult, knob = study.mult(method, task), knob_of(Arm(method, method), model.position)
     if knob is None and mult != 1:
         raise ValueError(f"method {method!r} has no knob to tune (no position parameters, no code scale), so its "
@@ -357,7 +413,7 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
         listed = {name for name, _ in map(parse_mult, study.lm_mults if task == "lm" else study.passkey_mults)}
         base.update(knob=knob, mult=mult, tuned=method in listed)
         initial_tables = {k: p.detach().clone() for k, p in _tables(model.position).items()}
-    history = _fit(study, model, task, cfg, ddp, curve=study.protocol)
+    history = _fit(study, model, task, cfg, ddp, curve=study.protocol, stop_after=stop_after)
     records = [_train_record(study, model, history, cfg, **base, finetune=None, scaling="none", factor=1.0)]
     if study.protocol:
         records[0]["curve"] = history.curve
@@ -366,6 +422,15 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
             records[0]["untrained_rows_restored"] = True
     if task == "lm":
         records[0]["corpus"] = load_stdlib_corpus().fingerprint
+
+    def finish(records: list[dict]):
+        records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
+        records = records if ddp is None or ddp.is_main else []
+        return (records, model) if return_model else records
+
+    if stop_after is not None:
+        records[0]["stopped_after"] = stop_after
+        return finish(records)
     records += _run_plan(study, model, task, evaluation_plan(study, model, task), {**base, "finetune": None}, ddp)
     if study.protocol and task == "lm" and (ddp is None or ddp.is_main):
         # the control: the longest windows cut into pieces of L, each scored alone (evaluate_chunks)
@@ -393,9 +458,7 @@ def run_cell(study: ExtrapolationStudy, method: str, seed: int, task: str, *, de
                 records[-1]["curve"] = ft_history.curve
             plan = [{"logn": False, "scaling": name, "factor": factor, "eval_length": m} for m in study.eval_lengths]
             records += _run_plan(study, tuned, task, plan, {**base, "finetune": name}, ddp)
-    records[0]["cell_seconds"] = round(time.perf_counter() - start, 2)
-    records = records if ddp is None or ddp.is_main else []
-    return (records, model) if return_model else records
+    return finish(records)
 
 
 def cell_id(method: str, seed: int, task: str) -> str:
@@ -429,16 +492,25 @@ def cell_cost(study: ExtrapolationStudy, method: str, task: str) -> float:
 
 def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch.device = "cpu",
               ctx: Optional[DistContext] = None, ddp: bool = False, command: str = "", progress: bool = True,
-              log: Callable[[str], None] = tqdm.write) -> Optional[dict]:
+              log: Callable[[str], None] = tqdm.write, allow_mixed: bool = False) -> Optional[dict]:
     """Run every cell of ``study`` that ``out`` does not hold yet, and store its records there.
 
     The missing cells are taken costliest first (:func:`cell_cost`) from a
     :class:`~posenc.lab.experiments.distributed.WorkQueue`: one process runs them in turn; under
     ``torchrun`` (``ctx`` with several ranks) each rank claims the next cell as soon as it is free
     and rank 0 stores the records of every finished cell. With ``ddp`` every cell is instead trained
-    by all ranks together. Only rank 0 reads and writes ``out``; finished cells are stored as they
-    come, so an interrupted run loses at most the cells in progress, and a rerun skips the cells
-    already stored.
+    by all ranks together. Only rank 0 reads and writes ``out``, and a rerun skips the cells already
+    stored.
+
+    A cell is durable as soon as it finishes, on whichever rank: that rank first writes its records
+    to a file of their own in :func:`pending_dir` beside ``out``, which rank 0 deletes once it has
+    stored them, and which a rerun's rank 0 stores before anything else (a killed run leaves them).
+    So an interrupted run loses only the cells in progress. (On several machines with no shared file
+    system, a rank's pending files stay on its machine: copy them into rank 0's folder to keep them.)
+
+    A rerun adds to ``out`` only with the settings (``_check_same_settings``) and the code
+    version (commit and dirty flag, :func:`~posenc.lab.experiments.records.check_provenance`) of
+    the records stored there, on every rank, unless ``allow_mixed``.
 
     Args:
         study: the grid and scale.
@@ -450,30 +522,40 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
         command: the command line, stored in every record.
         progress: show progress bars (rank 0 only).
         log: where rank 0 writes one line per finished cell.
+        allow_mixed: add records made at another commit or dirty flag than those stored in ``out``
+            (each record keeps its own provenance).
 
     Returns:
         The stored study on rank 0, ``None`` on the other ranks.
+
+    Raises:
+        ValueError: on rank 0, if ``out`` or a pending file holds a study with other settings, or
+            (unless ``allow_mixed``) records of another commit or dirty flag than this run's ranks.
     """
     ctx = ctx or DistContext(device=str(device))
     device = ctx.device if ctx.distributed else device
     out = Path(out)
-    if ctx.is_main and out.exists():
-        _check_same_settings(study, load_records(out)["meta"], out)
+    origin = {**provenance(device), "rank": ctx.rank}  # read once, before training: the code this process imported
+    origins = distributed.gather_to_main(origin, ctx)
+    if ctx.is_main:
+        _resume(study, out, origins, allow_mixed)
     done = distributed.broadcast_from_main(finished_keys(out, lambda r: r["cell"]) if ctx.is_main else None, ctx)
     todo = sorted((c for c in study.cells() if cell_id(*c) not in done), key=lambda c: -cell_cost(study, c[0], c[2]))
-    origin = {**provenance(device), "rank": ctx.rank}  # read once, before training: the code this process imported
     bar = tqdm(total=len(todo), desc="cells", disable=not (progress and ctx.is_main))
 
     def store(results: list[tuple[int, list[dict]]]) -> None:
         new = [r for _, records in results for r in records]
         if new:
             append_records(out, new, record_key, lambda rs: _meta(study, rs), one_per_line=True)
+        for _, records in results:  # stored: no longer pending (a file of another machine is not here)
+            if records:
+                _pending_file(out, records[0]["cell"]).unlink(missing_ok=True)
         for r in new:
             if r["kind"] == "train" and r["finetune"] is None:
                 log(f"{r['cell']:32s} train loss {r['train_loss_last']:.4f} ({r['cell_seconds']:.0f} s, rank {r['rank']})")
         bar.update(len(results))
 
-    if ddp:  # every rank on every cell
+    if ddp:  # every rank on every cell; rank 0 has the records and stores them at once
         for cell in todo:
             records = [stamp(r, origin, command) for r in run_cell(study, *cell, device=device, ddp=ctx,
                                                                     progress=progress and ctx.is_main)]
@@ -481,9 +563,12 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
                 store([(0, records)])
     else:  # each rank on its own cells, claimed as it goes
         queue = distributed.WorkQueue(ctx, len(todo), f"extrapolation/{distributed.new_name(ctx)}")
+        parked = []
         while (index := queue.claim()) is not None:
-            records = run_cell(study, *todo[index], device=device, progress=progress and not ctx.distributed)
-            queue.put(index, [stamp(r, origin, command) for r in records])
+            records = [stamp(r, origin, command) for r in run_cell(study, *todo[index], device=device,
+                                                                    progress=progress and not ctx.distributed)]
+            parked.append(park(study, out, records))  # durable now, whatever happens to this rank or rank 0
+            queue.put(index, records)
             if ctx.is_main:
                 store(queue.collect())
         if ctx.is_main:
@@ -491,7 +576,70 @@ def run_study(study: ExtrapolationStudy, out: str | Path, *, device: str | torch
     bar.close()
     if ctx.distributed:
         torch.distributed.barrier()  # the others wait until rank 0 has stored everything
+        if not ddp:
+            for path in parked:  # stored by rank 0 by now; on a machine of its own, rank 0 could not delete it
+                path.unlink(missing_ok=True)
+    if ctx.is_main:
+        with contextlib.suppress(OSError):  # empty once every cell is stored
+            pending_dir(out).rmdir()
     return load_records(out) if ctx.is_main and out.exists() else None
+
+
+def pending_dir(out: str | Path) -> Path:
+    """The folder beside ``out`` where finished cells wait to be stored in it: ``OUT.pending``."""
+    out = Path(out)
+    return out.with_name(out.name + ".pending")
+
+
+def _pending_file(out: Path, cell: str) -> Path:
+    return pending_dir(out) / (cell.replace("|", "+") + ".json")
+
+
+def park(study: ExtrapolationStudy, out: str | Path, records: list[dict]) -> Path:
+    """Write the records of one finished cell to a file of their own in :func:`pending_dir`, until
+    rank 0 stores them in ``out``.
+
+    The file is ``{"meta": {"config": ...}, "records": [...]}`` (the settings as ``out``'s meta
+    holds them), written whole or not at all (a temporary file renamed over it).
+
+    Args:
+        study: the study the records belong to.
+        out: the study's JSON file.
+        records: the cell's stamped records (its training record first).
+
+    Returns:
+        The file written.
+    """
+    path = _pending_file(Path(out), records[0]["cell"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"meta": {"config": _config_of(study)}, "records": records}))
+    os.replace(tmp, path)
+    return path
+
+
+def _resume(study: ExtrapolationStudy, out: Path, origins: list[dict], allow_mixed: bool) -> None:
+    """On rank 0, before any cell: check that this run may add to ``out`` (its settings, and the
+    commit and dirty flag of ``origins``, every rank's provenance), then store the cells a killed run
+    left in :func:`pending_dir` and delete their files."""
+    stored = load_records(out) if out.exists() else {"meta": {}, "records": []}
+    if out.exists():
+        _check_same_settings(study, stored["meta"], out)
+    folder = pending_dir(out)
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    pending = []
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path} is not a readable pending cell ({err}); delete it to rerun that cell") from err
+        _check_same_settings(study, data["meta"], path)
+        pending += data["records"]
+    check_provenance(stored["records"] + pending, origins, out, allow_mixed=allow_mixed)
+    if pending:
+        append_records(out, pending, record_key, lambda rs: _meta(study, rs), one_per_line=True)
+    for path in [*files, *(folder.glob(".*.tmp") if folder.is_dir() else ())]:  # stored, or never finished writing
+        path.unlink()
 
 
 #: The fields that may differ between a study and the stored file it adds to (the grid of methods, seeds and tasks).
@@ -513,11 +661,16 @@ def _check_same_settings(study: ExtrapolationStudy, meta: dict, out: Path) -> No
                          f"(--out), or give the stored settings (its meta.command)")
 
 
+def _config_of(study: ExtrapolationStudy) -> dict:
+    """The settings of ``study`` as a stored file's meta holds them (the method names spelt out)."""
+    return dataclasses.asdict(dataclasses.replace(study, methods=study.method_names))
+
+
 def _meta(study: ExtrapolationStudy, records: list[dict]) -> dict:
     cells = [r for r in records if r["kind"] == "train" and r["finetune"] is None]
     return {
         "study": "extrapolation", "command": command_for(study, COMMAND),
-        "config": dataclasses.asdict(dataclasses.replace(study, methods=study.method_names)),
+        "config": _config_of(study),
         "eval_lengths": list(study.eval_lengths), "seeds": sorted({r["seed"] for r in records}),
         "cells": len(cells), "wall_seconds": round(sum(r.get("cell_seconds", 0.0) for r in cells), 1),
         "note": "meta.command rebuilds the whole study (finished cells are kept); each record carries the command, "
@@ -569,6 +722,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ddp", action="store_true", help="under torchrun: train each model over all processes (DDP; "
                    "on CUDA, one GPU per process)")
     p.add_argument("--quiet", action="store_true", help="no progress bars and no log lines")
+    p.add_argument("--allow-mixed-commits", action="store_true", help="add to --out records made at another "
+                   "commit or dirty flag than those it holds (refused by default: a study made by several versions "
+                   "of the code cannot be read as one)")
     p.add_argument("--tuned-from", metavar="JSON", help="take lm_mults from the methods protocol study stored there "
                    "(tuned_mults), e.g. book/results/protocol/methods.json")
     add_options(p.add_argument_group("study (fields of ExtrapolationStudy; default: the preset's)"),
@@ -608,7 +764,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         command = shlex.join([*COMMAND, *(argv if argv is not None else sys.argv[1:])])
         log = (lambda line: None) if args.quiet else tqdm.write
         data = run_study(study, out, device=args.device, ctx=ctx, ddp=args.ddp, command=command,
-                         progress=not args.quiet, log=log)
+                         progress=not args.quiet, log=log, allow_mixed=args.allow_mixed_commits)
         if args.plots and data is not None:
             import matplotlib
 

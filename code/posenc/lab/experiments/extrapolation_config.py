@@ -71,7 +71,8 @@ class ExtrapolationStudy:
     lm_mults: tuple[str, ...] = ()
     #: the same for the passkey task
     passkey_mults: tuple[str, ...] = ()
-    curve_windows: int = 32  #: LM windows of each curve point (at L and at the longest length)
+    #: LM windows of each curve point (at L and at the longest length), every (eval_windows // curve_windows)-th evaluation window
+    curve_windows: int = 32
     curve_examples: int = 16  #: passkey examples per depth and length of each curve point (at L and at the longest length)
     #: optimiser steps of the fine-tune without scaling, the control (None means finetune_steps)
     finetune_control_steps: Optional[int] = None
@@ -87,6 +88,10 @@ class ExtrapolationStudy:
         if "passkey" in self.tasks and self.train_length < shortest:
             raise ValueError(f"ExtrapolationStudy.train_length must be >= {shortest} for the passkey task with "
                              f"passkey_digits={self.passkey_digits}, got {self.train_length!r}")
+        if self.protocol and self.curve_windows > self.eval_windows:
+            raise ValueError(f"ExtrapolationStudy.curve_windows must be <= eval_windows={self.eval_windows} under the "
+                             f"protocol (the curve is measured on a subset of the evaluation windows), "
+                             f"got {self.curve_windows!r}")
         if self.warmup_steps > min(self.lm_steps, self.passkey_steps):
             raise ValueError(f"ExtrapolationStudy.warmup_steps must be <= lm_steps and passkey_steps "
                              f"({self.lm_steps}, {self.passkey_steps}), got {self.warmup_steps!r}")
@@ -194,7 +199,8 @@ _RULES = [(name, *_POSITIVE) for name in ("train_length", "d_model", "n_layer", 
 #: The named configurations, ``"cpu"`` (the defaults), ``"protocol"`` and ``"gpu"``. ``"protocol"`` is
 #: the CPU model under the experiments protocol, with the methods study's budgets (4,000 LM steps as
 #: ``compare.PROTOCOL_LM_STEPS`` and 3,000 passkey steps as ``compare.PROTOCOL_COPY_STEPS``), 256
-#: windows and 128 passkey examples per depth at each length, fine-tunes of 100 steps and 1,000 for
+#: windows and 128 passkey examples per depth at each length (the learning curves on every 8th of those
+#: windows and on the first 16 of those examples), fine-tunes of 100 steps and 1,000 for
 #: the control without scaling (ten times as many, as in Chen et al.'s comparison of position
 #: interpolation with plain fine-tuning, arXiv:2306.15595, 1,000 against 10,000 steps), and the
 #: tuned multipliers given with ``--tuned-from``. ``"gpu"`` is wider, deeper and longer (L = 1024).

@@ -5,7 +5,8 @@ Records are appended as they finish, under an exclusive lock (``fcntl.flock`` on
 and by an atomic rename, so that an interrupted run loses at most the work in progress and
 several processes may share one file. Each record is stamped (:func:`stamp`) with the
 :func:`provenance` of the process that made it (commit, dirty flag, versions, hardware, threads)
-and its command line.
+and its command line; :func:`check_provenance` refuses to mix records of several versions of the
+code in one study.
 """
 
 from __future__ import annotations
@@ -152,6 +153,39 @@ def check_rerun(live: dict, stored: dict, live_value: float, stored_value: float
                              f"(allowed {tolerance:g} {'on the same' if same else 'on another'} processor: "
                              f"{cpu_name()} here, {stored.get('machine')!r} stored)")
     return result
+
+
+def check_provenance(stored: Sequence[dict], new: Sequence[dict], where: str | Path, *,
+                     allow_mixed: bool = False) -> None:
+    """Refuse to add records made by other code than the records already stored.
+
+    A study read as one must come from one version of the code: every record stored and every
+    process about to add records must have the same ``commit`` and ``dirty`` flag (as
+    :func:`provenance` gives them and :func:`stamp` stores them). Two dirty trees at one commit
+    cannot be told apart by these two fields, so they pass.
+
+    Args:
+        stored: the records already stored (stamped, with ``"commit"`` and ``"dirty"``).
+        new: the :func:`provenance` of each process about to add records.
+        where: the stored file, named in the message.
+        allow_mixed: add the records anyway (the records keep their own provenance).
+
+    Raises:
+        ValueError: if the records and processes do not share one commit and dirty flag, and
+            ``allow_mixed`` is false (the message names the stored and the new commits and flags).
+    """
+    if allow_mixed:
+        return
+    have = sorted({(r.get("commit"), r.get("dirty")) for r in stored}, key=str)
+    adding = sorted({(p.get("commit"), p.get("dirty")) for p in new}, key=str)
+    if len(set(have) | set(adding)) <= 1:
+        return
+    name = lambda pairs: " and ".join(f"commit {c or 'unknown'} (dirty={d})" for c, d in pairs)  # noqa: E731
+    found = (f"{where} holds records made at {name(have)}, and this run is at {name(adding)}" if have
+             else f"the processes of this run, adding to {where}, are at {name(adding)}")
+    raise ValueError(f"{found}: a study made by several versions of the code cannot be read as one. Run one "
+                     "version into another file (--out), or allow the mix explicitly (--allow-mixed-commits, "
+                     "allow_mixed=True)")
 
 
 def stamp(record: dict, provenance: dict, command: str) -> dict:
