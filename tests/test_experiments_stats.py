@@ -171,3 +171,35 @@ def test_wilson_interval_by_hand_and_at_the_ends():
     with pytest.raises(ValueError, match="successes"):
         wilson_interval(5, 4)
     assert eval_half_width([[1.0] * 50, [1.0] * 49 + [0.0]]) > 0  # 0/1 items never give a zero width
+
+
+def test_two_looks_follows_the_protocols_rule():
+    from posenc.lab.experiments.stats import separated, two_looks
+
+    apart = [1.0, 1.1, 0.9], [3.0, 3.1, 2.9]
+    assert two_looks(*apart) == {"separated": True, "seeds": 3, "pending": False}      # the first look decides
+    # seeds 3 and 4 do not change a first look that separates, nor one clear of the five-seed margin
+    assert two_looks(apart[0] + [9.0, 9.0], apart[1] + [0.0, 0.0])["seeds"] == 3
+    wide = [1.0, 2.0, 3.0], [1.5, 2.5, 3.5]                       # margin 0.5 < 2 sd: five seeds are asked for
+    assert needs_more_seeds(*wide) and not separated(*wide)
+    assert two_looks(*wide) == {"separated": False, "seeds": 3, "pending": True}       # only three seeds so far
+    five_apart = two_looks(wide[0] + [1.0, 1.1], wide[1] + [3.0, 3.2])
+    assert five_apart["seeds"] == 5 and five_apart["separated"] == separated(wide[0] + [1.0, 1.1], wide[1] + [3.0, 3.2])
+    assert two_looks(wide[0] + [2.0, 2.0], wide[1] + [2.5, 2.5]) == {"separated": False, "seeds": 5, "pending": False}
+    # a study planned with five seeds has one look, at five
+    planned = two_looks(wide[0] + [1.0, 1.1], wide[1] + [3.0, 3.2], first=5)
+    assert planned["seeds"] == 5 and planned == five_apart
+    assert two_looks(wide[0] + [2.0, 2.0], wide[1] + [2.5, 2.5], first=5)["pending"] is False
+    with pytest.raises(ValueError, match="first and at_least must be ints >= 2"):
+        two_looks(*apart, first=1)
+
+
+def test_protocol_decision_takes_the_first_seeds_of_each_arm():
+    from posenc.lab.notebook import protocol_decision, protocol_separated
+
+    a = {"values": [1.0, 2.0, 3.0, 1.0, 1.1], "seeds": [0, 1, 2, 3, 4]}
+    b = {"values": [1.5, 2.5, 3.5], "seeds": [0, 1, 2]}
+    assert protocol_decision(a, b) == {"separated": False, "seeds": 3, "pending": True}
+    assert not protocol_separated(a, b)
+    with pytest.raises(ValueError, match=r"b must hold seeds 0, 1, 2, ... in order, got seeds \[0, 2, 1\]"):
+        protocol_decision(a, {"values": [1.0, 2.0, 3.0], "seeds": [0, 2, 1]})

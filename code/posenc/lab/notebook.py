@@ -259,12 +259,29 @@ def protocol_summary(records: list[dict], study, metric: str, setting: str, *, r
     return out
 
 
-def protocol_separated(a: dict, b: dict, *, paired: bool = False) -> bool:
-    """Whether two arms of :func:`protocol_summary` are separated
-    (:func:`posenc.lab.experiments.stats.separated`: the book's one meaning)."""
-    from posenc.lab.experiments.stats import separated as is_separated
+def protocol_separated(a: dict, b: dict, *, paired: bool = False, first: int = 3) -> bool:
+    """Whether two arms of :func:`protocol_summary` are separated, by the protocol's rule
+    (:func:`posenc.lab.experiments.stats.two_looks`: the ``first`` seeds the study planned (three),
+    then five where the margin asks for them; :func:`posenc.lab.experiments.stats.separated` at
+    each look)."""
+    return protocol_decision(a, b, paired=paired, first=first)["separated"]
 
-    return is_separated(a["values"], b["values"], paired=paired)
+
+def protocol_decision(a: dict, b: dict, *, paired: bool = False, first: int = 3) -> dict:
+    """:func:`posenc.lab.experiments.stats.two_looks` for two arms of :func:`protocol_summary`
+    (``first``: the seeds the study planned, e.g. ``len(study.seeds)``): ``{"separated", "seeds",
+    "pending"}``.
+
+    Raises:
+        ValueError: if an arm's seeds are not ``0, 1, 2, ...`` in order (the looks take the first
+            seeds of each).
+    """
+    from posenc.lab.experiments.stats import two_looks
+
+    for name, arm in (("a", a), ("b", b)):
+        if "seeds" in arm and list(arm["seeds"]) != list(range(len(arm["seeds"]))):
+            raise ValueError(f"{name} must hold seeds 0, 1, 2, ... in order, got seeds {arm['seeds']}")
+    return two_looks(a["values"], b["values"], paired=paired, first=first)
 
 
 def glue_rerun(prefix: str, checks) -> None:

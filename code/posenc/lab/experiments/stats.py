@@ -326,6 +326,43 @@ def separated(a: Sequence[float], b: Sequence[float], *, paired: bool = False) -
     return difference(a, b, SEPARATION_LEVEL, paired=paired).separated
 
 
+def two_looks(a: Sequence[float], b: Sequence[float], *, paired: bool = False, first: int = 3,
+              at_least: int = 5) -> dict:
+    """The protocol's decision for a pair of methods, whose scores are given in seed order.
+
+    First look: :func:`separated` on the first ``first`` seeds of each (the same seeds, run alike).
+    Where that does not separate them and the margin is under twice the seeds' spread
+    (:func:`needs_more_seeds`), a second look on the first ``at_least`` seeds of each, if both have
+    them; if one does not, the pair is ``"pending"``. A pair that the first look leaves clear of the
+    five-seed margin is decided at ``first`` seeds even when more exist, so that the two looks keep
+    the error rate :data:`SEPARATION_LEVEL` was chosen for. A study planned with ``at_least`` seeds
+    from the start (``first >= at_least``) has one look, at ``first`` seeds.
+
+    Args:
+        a, b: each method's scores, in seed order (seeds ``0, 1, 2, ...``; at least ``first`` each).
+        paired: the paired test at each look (``a[i]`` and ``b[i]`` share seed ``i``).
+        first: seeds of the first look (the seeds the study planned).
+        at_least: seeds of the second look.
+
+    Returns:
+        ``{"separated": bool, "seeds": the number of seeds the decision used, "pending": bool}``:
+        ``pending`` when the rule asks for a second look that the data cannot give yet.
+
+    Raises:
+        ValueError: fewer than ``first`` values in either, or ``first`` or ``at_least`` not an int >= 2.
+    """
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 2 for n in (first, at_least)):
+        raise ValueError(f"first and at_least must be ints >= 2, got first={first!r}, at_least={at_least!r}")
+    x, y = _check_values(a, "a", first), _check_values(b, "b", first)
+    if separated(x[:first], y[:first], paired=paired):
+        return {"separated": True, "seeds": first, "pending": False}
+    if first >= at_least or not needs_more_seeds(x[:first], y[:first], at_least=at_least):
+        return {"separated": False, "seeds": first, "pending": False}
+    if min(len(x), len(y)) < at_least:
+        return {"separated": False, "seeds": first, "pending": True}
+    return {"separated": separated(x[:at_least], y[:at_least], paired=paired), "seeds": at_least, "pending": False}
+
+
 def wilson_interval(successes: int, n: int, level: float = LEVEL) -> Interval:
     """A proportion ``successes / n`` with Wilson's score interval.
 
