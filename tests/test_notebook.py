@@ -49,21 +49,45 @@ def test_glue_closes_matplotlib_figures():
 
 
 def test_claims_table_renders_every_matching_entry():
-    entries = yaml.safe_load(LEDGER.read_text())
-    table = claims_table(str(LEDGER), prefix="ch01-").data
-    rows = [line for line in table.splitlines()[2:]]
-    assert len(rows) == sum(e["id"].startswith("ch01-") for e in entries)
-    assert all(row.count(" | ") == 5 for row in rows)
-    for entry in entries:
-        if entry["id"].startswith("ch01-"):
-            assert f"| {entry['id']} |" in table and f"**{entry['verdict']}**" in table
+    entries = [e for e in yaml.safe_load(LEDGER.read_text()) if e["id"].startswith("ch01-")]
+    for full in (False, True):
+        table = claims_table(str(LEDGER), prefix="ch01-", full=full).data
+        rows = table.splitlines()[2:]
+        assert len(rows) == len(entries)
+        assert all(row.count(" | ") == 3 for row in rows)
+        for entry, row in zip(entries, rows):
+            assert f"`{entry['id']}`)" in row and f"**{entry['verdict']}**" in row
+            why = entry["note"] if full else entry.get("reason", entry["note"])
+            assert " ".join(why.split()).replace("|", "\\|") in row
+            assert ".ipynb#" not in row, "evidence is shown as a section link, never as a cell tag"
 
 
-def test_claims_table_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no claims ledger at"):
-        claims_table(str(tmp_path / "missing.yml"))
-    with pytest.raises(ValueError, match="no claim id starts with prefix='zz-'"):
-        claims_table(str(LEDGER), prefix="zz-")
+def test_evidence_anchor_links_the_section_and_names_the_check(tmp_path):
+    import json
+
+    from posenc.lab.notebook import evidence_anchor
+
+    cells = [
+        {"cell_type": "markdown", "metadata": {}, "source": ["(sec-one)=\n", "## One"]},
+        {"cell_type": "code", "metadata": {"tags": ["plain"]}, "source": ["assert 1"]},
+        {"cell_type": "markdown", "metadata": {}, "source": ["(sec-two)=\n## Two"]},
+        {"cell_type": "code", "metadata": {"tags": ["hidden"], "mystnb": {"code_prompt_show": "Check: a | b"}}, "source": []},
+    ]
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "03_x.ipynb").write_text(json.dumps({"cells": cells}))
+    assert evidence_anchor("book/03_x.ipynb#plain", tmp_path) == "ch. 3, {ref}`sec-one`"
+    assert evidence_anchor("book/03_x.ipynb#hidden", tmp_path) == "ch. 3, {ref}`sec-two` (“Check: a \\| b”)"
+    assert evidence_anchor("tests/test_rope.py::test_x[cpu]", tmp_path) == "test `test_rope.py::test_x[cpu]`"
+    for ref, match in [
+        ("book/03_x.ipynb#nope", "no cell of 03_x.ipynb is tagged 'nope'"),
+        ("book/04_y.ipynb#plain", "no notebook"),
+        ("book/03_x.ipynb", "ref must be"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            evidence_anchor(ref, tmp_path)
+    (tmp_path / "book" / "05_z.ipynb").write_text(json.dumps({"cells": cells[1:2]}))
+    with pytest.raises(ValueError, match="no section label"):
+        evidence_anchor("book/05_z.ipynb#plain", tmp_path)
 
 
 def test_time_ms_runs_warmup_plus_repeats_and_returns_the_median():

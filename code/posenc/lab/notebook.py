@@ -57,20 +57,29 @@ def glue(name: str, value: Any, display: bool = False) -> None:
         plt.close(value)
 
 
-def claims_table(path: str | None = None, prefix: str = ""):
+def claims_table(path: str | None = None, prefix: str = "", full: bool = False):
     """The claims ledger (``book/claims.yml``) as a Markdown table, optionally only ids starting with ``prefix``.
+
+    A chapter ends with its compact table (``full=False``): the claim, the verdict, the entry's
+    one-line ``reason`` and where the book checks it. The ledger page shows every entry with its
+    whole ``note`` (``full=True``). Evidence is rendered for a reader: a notebook cell
+    (``book/x.ipynb#tag``) becomes a link to the labelled section holding it, with the label of its
+    collapsed check when it has one; a test (``tests/x.py::name``) is named by file and function.
 
     Args:
         path: the ledger file; default ``claims.yml`` in the working directory (a chapter run from
-            ``book/``) or else ``book/claims.yml`` (run from the repository root).
+            ``book/``) or else ``book/claims.yml`` (run from the repository root). Evidence paths
+            are relative to the ledger's grandparent (the repository root).
         prefix: keep only entries whose ``id`` starts with it, e.g. ``"ch01-"``.
+        full: show the whole note ("What is true") instead of the one-line reason.
 
     Returns:
         An ``IPython.display.Markdown`` object (rendered by Jupyter and by the book).
 
     Raises:
         FileNotFoundError: if no ledger is found.
-        ValueError: if no entry matches ``prefix``.
+        ValueError: if no entry matches ``prefix``, or an evidence reference cannot be resolved
+            (an unknown notebook or tag, or a cell under no labelled section).
     """
     from pathlib import Path
 
@@ -84,18 +93,72 @@ def claims_table(path: str | None = None, prefix: str = ""):
     entries = [e for e in yaml.safe_load(found.read_text(encoding="utf-8")) if e["id"].startswith(prefix)]
     if not entries:
         raise ValueError(f"no claim id starts with prefix={prefix!r} in {found}")
+    root = found.resolve().parent.parent
 
-    def cell(text) -> str:
-        return " ".join(str(text).split()).replace("|", "\\|")
-
-    rows = ["| id | source | claim | verdict | what is true | evidence |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        f"| Claim (source, ledger id) | Verdict | {'What is true' if full else 'Why'} | Where the book checks it |",
+        "| --- | --- | --- | --- |",
+    ]
     for e in entries:
         evidence = e["evidence"] if isinstance(e["evidence"], list) else [e["evidence"]]
-        refs = "; ".join(f"`{ref}`" for ref in evidence)
+        refs = "; ".join(evidence_anchor(ref, root) for ref in evidence)
+        why = e["note"] if full else e.get("reason", e["note"])
         rows.append(
-            f"| {cell(e['id'])} | {cell(e['source'])} | {cell(e['claim'])} | **{e['verdict']}** | {cell(e['note'])} | {refs} |"
+            f"| {_cell_text(e['claim'])} ({_cell_text(e['source'])}, `{e['id']}`) | **{e['verdict']}** | {_cell_text(why)} | {refs} |"
         )
     return Markdown("\n".join(rows))
+
+
+def evidence_anchor(ref: str, root) -> str:
+    """A ledger evidence reference as a reader sees it (MyST Markdown).
+
+    ``book/01_why_position.ipynb#tag`` becomes ``ch. 1, {ref}`sec-label``` (the last section label
+    ``(sec-label)=`` before the tagged cell), followed by the cell's collapsed-check label
+    (``mystnb.code_prompt_show``) in quotes when it has one; ``tests/test_x.py::test_y`` becomes
+    ``test `test_x.py::test_y```.
+
+    Args:
+        ref: the evidence reference from ``book/claims.yml``.
+        root: the repository root (a ``pathlib.Path``) the reference is relative to.
+
+    Raises:
+        ValueError: if the notebook, the tag or a section label before the cell is missing, or
+            ``ref`` is neither form.
+    """
+    import json
+    import re
+    from pathlib import PurePosixPath
+
+    if "::" in ref:
+        return f"test `{PurePosixPath(ref).name}`"
+    path, sep, tag = ref.partition(".ipynb#")
+    if not sep or not tag:
+        raise ValueError(f"ref must be 'tests/x.py::test' or 'book/x.ipynb#tag', got {ref!r}")
+    file = root / (path + ".ipynb")
+    if not file.is_file():
+        raise ValueError(f"evidence {ref!r}: no notebook {file}")
+    cells = json.loads(file.read_text(encoding="utf-8"))["cells"]
+    index = next((i for i, c in enumerate(cells) if tag in c.get("metadata", {}).get("tags", [])), None)
+    if index is None:
+        raise ValueError(f"evidence {ref!r}: no cell of {file.name} is tagged {tag!r}")
+    labels = [
+        label
+        for c in cells[: index + 1]
+        if c["cell_type"] == "markdown"
+        for label in re.findall(r"^\(([A-Za-z0-9_-]+)\)=\s*$", "".join(c["source"]), re.M)
+    ]
+    if not labels:
+        raise ValueError(f"evidence {ref!r}: no section label '(name)=' before the tagged cell in {file.name}")
+    number = re.match(r"(\d+)_", file.name)
+    where = f"ch. {int(number[1])}, " if number else ""
+    prompt = cells[index].get("metadata", {}).get("mystnb", {}).get("code_prompt_show", "")
+    check = f" (“{_cell_text(prompt)}”)" if prompt else ""
+    return f"{where}{{ref}}`{labels[-1]}`{check}"
+
+
+def _cell_text(text: str) -> str:
+    """``text`` on one line, safe inside a Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def time_ms(fn, repeats: int = 7, warmup: int = 1) -> float:
