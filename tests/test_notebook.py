@@ -90,6 +90,19 @@ def test_evidence_anchor_links_the_section_and_names_the_check(tmp_path):
         evidence_anchor("book/05_z.ipynb#plain", tmp_path)
 
 
+def test_range_text_reads_as_the_prose_needs():
+    import torch
+
+    from posenc.lab.notebook import range_text
+
+    assert range_text([1.234, 1.5, 1.31]) == "1.23–1.50"
+    assert range_text([1.501, 1.499]) == "1.50"  # equal once printed: one number
+    assert range_text([1500, 250], ",") == "250–1,500"
+    assert range_text(torch.tensor([[0.25], [0.5]]), ".0%") == "25%–50%"
+    with pytest.raises(ValueError, match="values must not be empty"):
+        range_text([])
+
+
 def test_time_ms_runs_warmup_plus_repeats_and_returns_the_median():
     calls = []
     ms = time_ms(lambda: calls.append(1), repeats=5, warmup=2)

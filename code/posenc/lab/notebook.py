@@ -161,6 +161,27 @@ def _cell_text(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def range_text(values, fmt: str = ".2f") -> str:
+    """The range of ``values`` as text for the prose: ``"lo–hi"``, or one number when both ends print alike.
+
+    Each end is formatted with ``format(x, fmt)`` (e.g. ``".2f"``, ``".0%"``, ``","``), so two values
+    that differ only beyond the printed digits read as one number, never as ``"1.50–1.50"``.
+
+    Args:
+        values: numbers (a list, or a tensor or array of any shape); integers stay integers, so
+            ``fmt=","`` prints ``"1,500"``.
+        fmt: a format specification for each end.
+
+    Raises:
+        ValueError: if ``values`` is empty.
+    """
+    flat = values.reshape(-1).tolist() if hasattr(values, "reshape") else list(values)
+    if not flat:
+        raise ValueError("values must not be empty")
+    lo, hi = format(min(flat), fmt), format(max(flat), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
 def time_ms(fn, repeats: int = 7, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in milliseconds, for the small live measurements in chapters.
 
