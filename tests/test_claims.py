@@ -11,8 +11,7 @@ from posenc.lab.notebook import evidence_anchor
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = yaml.safe_load((ROOT / "book" / "claims.yml").read_text())
-FIELDS = {"id", "source", "claim", "verdict", "evidence", "note"}
-OPTIONAL = {"reason"}
+FIELDS = {"id", "source", "claim", "verdict", "reason", "evidence", "note"}
 VERDICTS = ("holds", "false", "conditional", "not supported", "inconclusive")
 SOURCES = ("000", "001", "002", "003", "004")
 
@@ -27,11 +26,13 @@ def test_ledger_is_well_formed():
     ids = [e["id"] for e in LEDGER]
     assert len(ids) == len(set(ids)), "duplicate claim ids"
     for entry in LEDGER:
-        assert FIELDS <= set(entry) <= FIELDS | OPTIONAL, f"{entry.get('id')}: fields {sorted(entry)}"
+        assert set(entry) == FIELDS, f"{entry.get('id')}: fields {sorted(entry)}"
         assert entry["verdict"] in VERDICTS, f"{entry['id']}: verdict {entry['verdict']!r} not one of {VERDICTS}"
         assert entry["source"].split()[0] in SOURCES, f"{entry['id']}: source {entry['source']!r}"
         assert "§" in entry["source"], f"{entry['id']}: source needs a section"
         assert entry["claim"].strip() and entry["note"].strip() and evidence_list(entry)
+        reason = entry["reason"]
+        assert "\n" not in reason.strip() and 0 < len(reason.split()) <= 25, f"{entry['id']}: the reason is one line of at most 25 words"
 
 
 def check_pytest_node(ref):

@@ -57,7 +57,7 @@ def test_claims_table_renders_every_matching_entry():
         assert all(row.count(" | ") == 3 for row in rows)
         for entry, row in zip(entries, rows):
             assert f"`{entry['id']}`)" in row and f"**{entry['verdict']}**" in row
-            why = entry["note"] if full else entry.get("reason", entry["note"])
+            why = entry["note"] if full else entry["reason"]
             assert " ".join(why.split()).replace("|", "\\|") in row
             assert ".ipynb#" not in row, "evidence is shown as a section link, never as a cell tag"
 
