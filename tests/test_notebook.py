@@ -60,6 +60,8 @@ def test_claims_table_renders_every_matching_entry():
             why = entry["note"] if full else entry["reason"]
             assert " ".join(why.split()).replace("|", "\\|") in row
             assert ".ipynb#" not in row, "evidence is shown as a section link, never as a cell tag"
+            links = row.rsplit(" | ", 1)[1].rstrip(" |").split("; ")
+            assert len(links) == len(set(links)), f"{entry['id']}: a link repeated"
 
 
 def test_evidence_anchor_links_the_section_and_names_the_check(tmp_path):

@@ -101,7 +101,7 @@ def claims_table(path: str | None = None, prefix: str = "", full: bool = False):
     ]
     for e in entries:
         evidence = e["evidence"] if isinstance(e["evidence"], list) else [e["evidence"]]
-        refs = "; ".join(evidence_anchor(ref, root) for ref in evidence)
+        refs = "; ".join(dict.fromkeys(evidence_anchor(ref, root) for ref in evidence))  # each link once
         why = e["note"] if full else e["reason"]
         rows.append(
             f"| {_cell_text(e['claim'])} ({_cell_text(e['source'])}, `{e['id']}`) | **{e['verdict']}** | {_cell_text(why)} | {refs} |"
