@@ -64,6 +64,13 @@ def test_claims_table_renders_every_matching_entry():
             assert len(links) == len(set(links)), f"{entry['id']}: a link repeated"
 
 
+def test_claims_table_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no claims ledger at"):
+        claims_table(str(tmp_path / "missing.yml"))
+    with pytest.raises(ValueError, match="no claim id starts with prefix='zz-'"):
+        claims_table(str(LEDGER), prefix="zz-")
+
+
 def test_evidence_anchor_links_the_section_and_names_the_check(tmp_path):
     import json
 
