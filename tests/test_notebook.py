@@ -220,3 +220,26 @@ def test_plot_intervals_and_curves_draw_every_arm():
     assert [line.get_label() for line in ax2.get_lines()] == ["a", "b"]
     assert list(ax2.get_lines()[1].get_ydata()) == [2.5, 1.5]
     plt.close(fig)
+
+
+def test_protocol_summary_reads_nested_and_derived_metrics():
+    from posenc.lab.experiments.compare import Arm, Study
+    from posenc.lab.notebook import protocol_summary
+
+    study = Study("t", (Arm("a", "nope"),), seeds=(0, 1, 2), protocol=True, tuning_seed=9, grid=(1.0,))
+    recs = [{"arm": "a", "setting": "lm", "seed": s, "mult": 1.0, "control": {"seen": 1.0 + s, "long": 3.0 + 2 * s},
+             "per_window": {"seen": [1.0 + s, 1.2 + s], "long": [3.0 + 2 * s, 3.5 + 2 * s]},
+             "trained_rows": {"eff99": 10 + s}} for s in (2, 0, 1)]
+    long = protocol_summary(recs, study, "control.long", "lm")["a"]
+    assert long["values"] == [3.0, 5.0, 7.0] and long["seeds"] == [0, 1, 2]   # seed order
+    assert long["eval"] > 0                                                # from per_window.long by default
+    rank = protocol_summary(recs, study, "trained_rows.eff99", "lm")["a"]
+    assert rank["values"] == [10.0, 11.0, 12.0] and rank["eval"] is None
+    gap = protocol_summary(recs, study, lambda r: r["control"]["long"] - r["control"]["seen"], "lm",
+                           items=lambda r: [x - y for x, y in zip(r["per_window"]["long"], r["per_window"]["seen"])])["a"]
+    assert gap["values"] == [2.0, 3.0, 4.0] and gap["eval"] > 0
+    assert protocol_summary(recs, study, "control.missing", "lm") == {}       # no record holds it: no arm
+    with pytest.raises(TypeError, match="metric must be a dotted key"):
+        protocol_summary(recs, study, 3, "lm")
+    with pytest.raises(TypeError, match="items must be a dotted key"):
+        protocol_summary(recs, study, "control.long", "lm", items=3)

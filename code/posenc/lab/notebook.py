@@ -8,7 +8,7 @@ simply displays the value, so every number and figure is still visible.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 
 class _Text:
@@ -299,47 +299,79 @@ def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str
 FRACTIONS = frozenset({"token_accuracy", "exact_match"})
 
 
-def protocol_summary(records: list[dict], study, metric: str, setting: str, *, role: str = "tuned") -> dict[str, dict]:
+#: Where a protocol record keeps the per-item scores behind a metric, for the evaluation half-width:
+#: the validation windows of ``val_loss``, the copy examples of ``exact_match``, and the 128 windows of
+#: each reading of the tables study (``inside``, ``outside``, ``control.NAME``: ``per_window.NAME``).
+ITEMS = {"val_loss": "loss_per_window", "exact_match": "row_exact", "inside": "per_window.inside",
+         "outside": "per_window.outside"}
+
+
+def _items_path(metric: str) -> Optional[str]:
+    if metric in ITEMS:
+        return ITEMS[metric]
+    if metric.startswith("control."):
+        return "per_window." + metric.split(".", 1)[1]
+    return None
+
+
+def protocol_summary(records: list[dict], study, metric, setting: str, *, role: str = "tuned",
+                     items=None) -> dict[str, dict]:
     """Per arm of a protocol study: the seeds' values of ``metric`` in ``setting``, their mean with
     its 95 % interval over seeds, and the evaluation-sample half-width (bootstrap over each seed's
-    windows for ``val_loss``, examples for the copy scores).
+    windows or examples, Wilson's interval for 0/1 items).
 
     Args:
         records: the stored records (``stored_study("protocol/NAME")["records"]``).
         study: the :class:`~posenc.lab.experiments.compare.Study` (for the tuning seed and choices).
-        metric: e.g. ``"val_loss"``, ``"exact_match"``, ``"token_accuracy"``, ``"answer_loss"``.
+        metric: a key of the records, dotted for a nested one (``"val_loss"``, ``"exact_match"``,
+            ``"control.long"``, ``"trained_rows.eff99"``), or a function of one record that returns a
+            number, or ``None`` where the record has none (a reading derived from several keys).
         setting: ``"lm"`` or ``"copy"``.
         role: ``"tuned"`` (each arm at its chosen multiplier) or ``"untuned"`` (multiplier 1).
+        items: the per-item scores behind the metric, as a dotted key or a function of one record that
+            returns a list (e.g. per-window differences of two readings of one model); by default
+            :data:`ITEMS` for a named metric, none for a function.
 
     Returns:
         ``{arm: {"values", "seeds", "mean", "low", "high", "n", "eval", "mult"}}`` in the order the arms
-        first appear; ``values`` in the order of ``seeds``; ``eval`` is ``None`` for a metric without
-        per-item scores, ``mult`` the multiplier. For a fraction (:data:`FRACTIONS`) the interval is
-        clipped to ``[0, 1]``: the t interval of three seeds that spread widely can reach past 1.
-        Tests of separation use ``values``, never the clipped interval.
+        first appear, for the arms whose records hold the metric; ``values`` in the order of ``seeds``;
+        ``eval`` is ``None`` for a metric without per-item scores, ``mult`` the multiplier. For a
+        fraction (:data:`FRACTIONS`) the interval is clipped to ``[0, 1]``: the t interval of three
+        seeds that spread widely can reach past 1. Tests of separation use ``values``, never the
+        clipped interval.
+
+    Raises:
+        TypeError: if ``metric`` or ``items`` is neither a string nor callable.
     """
-    from posenc.lab.experiments.compare import select
+    from posenc.lab.experiments.compare import _lookup, select
     from posenc.lab.experiments.stats import eval_half_width, seed_interval
 
-    items_key = {"val_loss": "loss_per_window", "exact_match": "row_exact"}.get(metric)
+    for name, arg in (("metric", metric), ("items", items)):
+        if not (isinstance(arg, str) or callable(arg) or (name == "items" and arg is None)):
+            raise TypeError(f"{name} must be a dotted key or a function of a record, got {type(arg).__name__}")
+    if items is None and isinstance(metric, str):
+        items = _items_path(metric)
+    read = metric if callable(metric) else (lambda r: _lookup(r, metric))
+    read_items = items if callable(items) or items is None else (lambda r: _lookup(r, items))
     out: dict[str, dict] = {}
-    rows: dict[str, list[dict]] = {}
+    rows: dict[str, list[tuple[dict, float]]] = {}
     for r in select(records, study, role):
-        if r["setting"] == setting and metric in r:
-            rows.setdefault(r["arm"], []).append(r)
-    for arm, rs in rows.items():
-        rs = sorted(rs, key=lambda r: r["seed"])
-        values = [float(r[metric]) for r in rs]
+        if r["setting"] == setting and (v := read(r)) is not None:
+            rows.setdefault(r["arm"], []).append((r, float(v)))
+    for arm, pairs in rows.items():
+        pairs = sorted(pairs, key=lambda p: p[0]["seed"])
+        rs, values = [p[0] for p in pairs], [p[1] for p in pairs]
         iv = seed_interval(values) if len(values) > 1 else None
-        items = None
-        if items_key and all(items_key in r for r in rs):
-            items = [[float(c) for c in r[items_key]] for r in rs]
+        per = [read_items(r) for r in rs] if read_items is not None else None
+        ev = None
+        if per and all(p is not None for p in per):
+            # one model's 0/1 items are a proportion; differences of readings never are
+            ev = eval_half_width([[float(c) for c in p] for p in per], proportions=None if isinstance(items, str) else False)
         low, high = (iv.low, iv.high) if iv else (math.nan, math.nan)
         if iv and metric in FRACTIONS:
             low, high = max(low, 0.0), min(high, 1.0)
         out[arm] = {"values": values, "seeds": [r["seed"] for r in rs], "mean": sum(values) / len(values), "low": low,
-                    "high": high, "n": len(values),
-                    "eval": eval_half_width(items) if items else None, "mult": rs[0].get("mult", 1.0)}
+                    "high": high, "n": len(values), "eval": ev, "mult": rs[0].get("mult", 1.0)}
     return out
 
 
