@@ -203,3 +203,20 @@ def test_protocol_decision_takes_the_first_seeds_of_each_arm():
     assert not protocol_separated(a, b)
     with pytest.raises(ValueError, match=r"b must hold seeds 0, 1, 2, ... in order, got seeds \[0, 2, 1\]"):
         protocol_decision(a, {"values": [1.0, 2.0, 3.0], "seeds": [0, 2, 1]})
+
+
+def test_needs_more_seeds_paired_reads_the_spread_of_the_differences():
+    from posenc.lab.experiments.stats import separated, two_looks
+
+    # arms that move in opposite directions from seed to seed: each arm's spread is small, the
+    # differences' spread large, so the paired test is undecided where the unpaired rule saw no need
+    a, b = [1.0, 1.3, 1.1], [0.2, 0.0, 0.7]
+    assert not needs_more_seeds(a, b) and needs_more_seeds(a, b, paired=True)
+    assert not separated(a, b, paired=True)
+    assert two_looks(a, b, paired=True) == {"separated": False, "seeds": 3, "pending": True}
+    assert two_looks(a + [1.2, 1.0], b + [0.1, 0.3], paired=True)["seeds"] == 5
+    # arms that move together: the differences are steady, no more seeds asked for
+    assert not needs_more_seeds([1.0, 2.0, 3.0], [1.5, 2.5, 3.6], paired=True)
+    assert needs_more_seeds([1.0, 2.0, 3.0], [1.5, 2.5, 3.6])
+    with pytest.raises(ValueError, match="equal length"):
+        needs_more_seeds([1.0, 2.0, 3.0], [1.0, 2.0], paired=True)

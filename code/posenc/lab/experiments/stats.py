@@ -13,7 +13,8 @@ Two sources of variation are reported apart, because they answer different quest
 **Separated** means one thing everywhere (:func:`separated`): the Welch interval of the difference
 of two methods' seed means at level :data:`SEPARATION_LEVEL` (96.5 %) excludes zero. A pair may be
 looked at twice: at three seeds and, where the margin is under twice the larger seed standard
-deviation (:func:`needs_more_seeds`), again at five. Looking twice at 95 % would call identical
+deviation (:func:`needs_more_seeds`; paired, twice the standard deviation of the per-seed
+differences), again at five. Looking twice at 95 % would call identical
 methods separated about 7 % of the time; at 96.5 % per look the two looks together stay under 5 %
 (4.4 % for normally distributed scores, simulated in the protocol chapter). Paired by seed
 (``paired=True``) where two runs share a seed's initialisation and data order, as a method tuned
@@ -332,7 +333,7 @@ def two_looks(a: Sequence[float], b: Sequence[float], *, paired: bool = False, f
 
     First look: :func:`separated` on the first ``first`` seeds of each (the same seeds, run alike).
     Where that does not separate them and the margin is under twice the seeds' spread
-    (:func:`needs_more_seeds`), a second look on the first ``at_least`` seeds of each, if both have
+    (:func:`needs_more_seeds`, paired or not as the test), a second look on the first ``at_least`` seeds of each, if both have
     them; if one does not, the pair is ``"pending"``. A pair that the first look leaves clear of the
     five-seed margin is decided at ``first`` seeds even when more exist, so that the two looks keep
     the error rate :data:`SEPARATION_LEVEL` was chosen for. A study planned with ``at_least`` seeds
@@ -356,7 +357,7 @@ def two_looks(a: Sequence[float], b: Sequence[float], *, paired: bool = False, f
     x, y = _check_values(a, "a", first), _check_values(b, "b", first)
     if separated(x[:first], y[:first], paired=paired):
         return {"separated": True, "seeds": first, "pending": False}
-    if first >= at_least or not needs_more_seeds(x[:first], y[:first], at_least=at_least):
+    if first >= at_least or not needs_more_seeds(x[:first], y[:first], at_least=at_least, paired=paired):
         return {"separated": False, "seeds": first, "pending": False}
     if min(len(x), len(y)) < at_least:
         return {"separated": False, "seeds": first, "pending": True}
@@ -382,19 +383,29 @@ def wilson_interval(successes: int, n: int, level: float = LEVEL) -> Interval:
     return Interval(p, centre - half, centre + half, n, f"Wilson, {n} items")
 
 
-def needs_more_seeds(a: Sequence[float], b: Sequence[float], *, at_least: int = 5) -> bool:
+def needs_more_seeds(a: Sequence[float], b: Sequence[float], *, at_least: int = 5, paired: bool = False) -> bool:
     """The protocol's rule: a conclusion from ``a`` against ``b`` needs ``at_least`` seeds when the
-    margin ``|mean(a) - mean(b)|`` is under twice the larger of the two seed standard deviations,
-    and either has fewer seeds than that.
+    margin is under twice the spread the test reads, and either has fewer seeds than that.
+
+    Unpaired (Welch), the margin is ``|mean(a) - mean(b)|`` and the spread the larger of the two
+    seed standard deviations. Paired (``a[i]`` and ``b[i]`` share seed ``i``), the paired test reads
+    the differences ``a[i] - b[i]``: the margin is their mean's size and the spread their standard
+    deviation, which is larger than either arm's when the two move in opposite directions from seed
+    to seed and smaller when they move together.
 
     Raises:
-        ValueError: fewer than 2 values in either.
+        ValueError: fewer than 2 values in either, or ``paired`` with unequal lengths.
     """
     x, y = _check_values(a, "a", 2), _check_values(b, "b", 2)
+    sd = lambda v, m: math.sqrt(math.fsum((u - m) ** 2 for u in v) / (len(v) - 1))  # noqa: E731
+    if paired:
+        if len(x) != len(y):
+            raise ValueError(f"paired needs a and b of equal length, got {len(x)} and {len(y)}")
+        d = [u - v for u, v in zip(x, y)]
+        md = math.fsum(d) / len(d)
+        return abs(md) < 2 * sd(d, md) and len(d) < at_least
     mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
-    sx = math.sqrt(math.fsum((u - mx) ** 2 for u in x) / (len(x) - 1))
-    sy = math.sqrt(math.fsum((u - my) ** 2 for u in y) / (len(y) - 1))
-    return abs(mx - my) < 2 * max(sx, sy) and min(len(x), len(y)) < at_least
+    return abs(mx - my) < 2 * max(sd(x, mx), sd(y, my)) and min(len(x), len(y)) < at_least
 
 
 def describe(values: Sequence[float], items: Optional[Sequence[Sequence[float]]] = None, digits: int = 3) -> str:
