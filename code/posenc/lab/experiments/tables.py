@@ -88,7 +88,8 @@ def context_control(model: nn.Module, data: Tensor, train_len: int, *, num_windo
     * ``"unseen"``: in windows of their own at positions ``n .. 2n-1`` (new positions, the usual context);
     * ``"long"``: inside the ``2n`` windows (new positions and a context twice as long);
     * ``"restart"``: inside the ``2n`` windows, at positions ``0 .. n-1`` and then ``0 .. n-1``
-      again: the context twice as long, at trained positions only (the long context alone);
+      again: the context twice as long at trained positions, each code given to two tokens ``n``
+      apart (a pattern no training window holds, so not the long context alone);
     * ``"interpolated"`` (a :class:`~posenc.absolute.LearnedPE` model only): inside the ``2n``
       windows, with the table replaced by its trained rows ``0 .. n-1`` interpolated to ``2n``
       rows (:func:`~posenc.absolute.interpolate_table`): the long context, at positions made of
