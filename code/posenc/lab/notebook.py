@@ -299,9 +299,9 @@ def plot_seeds(ax, summary: dict[str, dict], order: list[str], *, live: dict[str
 FRACTIONS = frozenset({"token_accuracy", "exact_match"})
 
 
-#: Where a protocol record keeps the per-item scores behind a metric, for the evaluation half-width:
+#: Where a protocol record keeps the per-item scores behind a metric (for the evaluation half-width),
 #: the validation windows of ``val_loss``, the copy examples of ``exact_match``, and the 128 windows of
-#: each reading of the tables study (``inside``, ``outside``, ``control.NAME``: ``per_window.NAME``).
+#: each reading of the tables study (``inside``, ``outside``, ``control.NAME`` in ``per_window.NAME``).
 ITEMS = {"val_loss": "loss_per_window", "exact_match": "row_exact", "inside": "per_window.inside",
          "outside": "per_window.outside"}
 
