@@ -220,3 +220,17 @@ def test_needs_more_seeds_paired_reads_the_spread_of_the_differences():
     assert needs_more_seeds([1.0, 2.0, 3.0], [1.5, 2.5, 3.6])
     with pytest.raises(ValueError, match="equal length"):
         needs_more_seeds([1.0, 2.0, 3.0], [1.0, 2.0], paired=True)
+
+
+def test_paired_looks_keep_the_false_positive_rate_under_5_percent():
+    from posenc.lab.experiments.stats import PAIRED_SEPARATION_LEVEL, SEPARATION_LEVEL, difference, separated, two_looks
+
+    a, b = [1.0, 1.2, 1.1], [0.9, 1.05, 1.02]
+    assert separated(a, b, paired=True) == difference(a, b, PAIRED_SEPARATION_LEVEL, paired=True).separated
+    assert PAIRED_SEPARATION_LEVEL > SEPARATION_LEVEL
+    rng = random.Random(7)
+    fp, trials = 0, 4000
+    for _ in range(trials):                              # identical methods, scores paired by seed
+        a, b = [rng.gauss(0, 1) for _ in range(5)], [rng.gauss(0, 1) for _ in range(5)]
+        fp += two_looks(a, b, paired=True)["separated"]
+    assert fp / trials < 0.05
